@@ -1,0 +1,82 @@
+"""Findings: what the comparison concluded, with severity, ranks and remedy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+SEVERITIES = ("info", "warning", "error")
+
+# Finding kinds are part of the public contract (report files and docs name them).
+SAMPLER_DRAW_DIVERGENCE = "sampler-draw-divergence"
+CONSUMPTION_MISMATCH = "consumption-mismatch"
+STATE_DIVERGENCE = "state-divergence"
+RANK_MISSING = "rank-missing"
+WORKER_DUPLICATE_STREAM = "worker-duplicate-stream"
+PERSISTENT_WORKER_STREAM = "persistent-worker-stream"
+
+KINDS = (
+    SAMPLER_DRAW_DIVERGENCE,
+    CONSUMPTION_MISMATCH,
+    STATE_DIVERGENCE,
+    RANK_MISSING,
+    WORKER_DUPLICATE_STREAM,
+    PERSISTENT_WORKER_STREAM,
+)
+
+
+@dataclass
+class Finding:
+    """One conclusion of an audit; serialises to the report's ``findings`` entries."""
+
+    kind: str
+    severity: str
+    message: str
+    ranks: list[int]
+    generator: str | None = None
+    call_site: dict[str, Any] | None = None
+    user_call_site: dict[str, Any] | None = None
+    remedy: str | None = None
+    audit: int = 0
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "kind": self.kind,
+            "severity": self.severity,
+            "message": self.message,
+            "ranks": list(self.ranks),
+            "audit": self.audit,
+        }
+        for key in ("generator", "call_site", "user_call_site", "remedy"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        if self.details:
+            out["details"] = self.details
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Finding:
+        return cls(
+            kind=str(data["kind"]),
+            severity=str(data["severity"]),
+            message=str(data["message"]),
+            ranks=[int(r) for r in data.get("ranks", [])],
+            generator=data.get("generator"),
+            call_site=data.get("call_site"),
+            user_call_site=data.get("user_call_site"),
+            remedy=data.get("remedy"),
+            audit=int(data.get("audit", 0)),
+            details=dict(data.get("details", {})),
+        )
+
+
+def verdict_of(findings: list[Finding]) -> str:
+    """``error`` if any finding is an error, ``warning`` if any warns, else ``ok``."""
+    severities = {f.severity for f in findings}
+    if "error" in severities:
+        return "error"
+    if "warning" in severities:
+        return "warning"
+    return "ok"

@@ -1,0 +1,58 @@
+"""The audit report: verdict, findings and per-rank records, as objects and as JSON."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rngaudit.findings import Finding, verdict_of
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class AuditReport:
+    """What an audit found. ``a.report`` after ``with rngaudit.audit() as a``.
+
+    ``ranks`` holds one record per rank (dicts with ``rank`` and ``events``), as exchanged.
+    """
+
+    findings: list[Finding] = field(default_factory=list)
+    ranks: list[dict[str, Any]] = field(default_factory=list)
+    world_size: int = 1
+    run_id: str = ""
+    mode: str = "raise"
+    audits: list[dict[str, Any]] = field(default_factory=list)
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def verdict(self) -> str:
+        """``"ok"``, ``"warning"`` or ``"error"``."""
+        return verdict_of(self.findings)
+
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "error"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": self.schema_version,
+            "run_id": self.run_id,
+            "verdict": self.verdict,
+            "world_size": self.world_size,
+            "mode": self.mode,
+            "audits": list(self.audits),
+            "findings": [f.to_dict() for f in self.findings],
+            "ranks": list(self.ranks),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AuditReport:
+        return cls(
+            findings=[Finding.from_dict(f) for f in data.get("findings", [])],
+            ranks=list(data.get("ranks", [])),
+            world_size=int(data.get("world_size", 1)),
+            run_id=str(data.get("run_id", "")),
+            mode=str(data.get("mode", "raise")),
+            audits=list(data.get("audits", [])),
+            schema_version=int(data.get("schema_version", SCHEMA_VERSION)),
+        )
