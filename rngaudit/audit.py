@@ -1,22 +1,153 @@
-"""The public ``audit()`` context manager (placeholder while the engine is written)."""
+"""The public ``audit()`` context manager and decorator: one recording window, one verdict."""
 
 from __future__ import annotations
 
+import logging
+import os
+import warnings
+from contextlib import ContextDecorator
+from types import TracebackType
 from typing import Any
 
+from rngaudit import config, session
+from rngaudit.callsite import here
+from rngaudit.errors import (
+    RNGAuditError,
+    RNGAuditTimeoutError,
+    RNGAuditWarning,
+    RNGDivergenceError,
+)
+from rngaudit.findings import RANK_MISSING, Finding
+from rngaudit.recorder import RECORDER
+from rngaudit.report import AuditReport
 
-class Audit:
-    """Placeholder."""
+log = logging.getLogger("rngaudit")
 
-    def __init__(self, **kwargs: Any) -> None:
-        self.kwargs = kwargs
+
+def audit(
+    *,
+    mode: str = "raise",
+    report_dir: str | os.PathLike[str] | None = None,
+    timeout: float | None = None,
+    strict: bool = False,
+) -> Audit:
+    """Audit the randomness drawn inside a ``with`` block (or a decorated function).
+
+    ``mode``: ``"raise"`` (raise on an error finding, on every rank), ``"warn"`` (emit
+    :class:`RNGAuditWarning`) or ``"report"`` (only write the report). ``strict`` also
+    treats warning findings as errors. ``report_dir`` defaults to ``$RNGAUDIT_REPORT_DIR``
+    or ``./rngaudit-report``; ``timeout`` (seconds a rank waits for the others) to
+    ``$RNGAUDIT_TIMEOUT`` or 120.
+    """
+    return Audit(mode=mode, report_dir=report_dir, timeout=timeout, strict=strict)
+
+
+class Audit(ContextDecorator):
+    """One audit window. After exit, ``report`` holds the :class:`AuditReport`."""
+
+    def __init__(
+        self,
+        *,
+        mode: str = "raise",
+        report_dir: str | os.PathLike[str] | None = None,
+        timeout: float | None = None,
+        strict: bool = False,
+    ) -> None:
+        self.settings = config.resolve(mode, report_dir, timeout, strict)
+        self._args: dict[str, Any] = {
+            "mode": mode,
+            "report_dir": report_dir,
+            "timeout": timeout,
+            "strict": strict,
+        }
+        self.report: AuditReport | None = None
+        self._start: int | None = None
+        self._index = 0
+        self._entry: dict[str, str | None] = {}
+        self._label = ""
+        self._session: session.Session | None = None
+
+    def _recreate_cm(self) -> Audit:
+        return Audit(**self._args)  # each decorated call gets its own window
 
     def __enter__(self) -> Audit:
+        if self._start is not None:
+            raise RNGAuditError("this audit() is already active; create a new one to nest")
+        stack = here(1)
+        where = stack.user_site or stack.call_site
+        self._label = f"audit at {where.short()}" if where else "audit"
+        self._session = session.for_dir(self.settings.report_dir, self.settings.mode)
+        self._index = self._session.reserve()
+        self._entry = RECORDER.snapshot()
+        self._start = RECORDER.begin(self._index)
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        start, self._start = self._start, None
+        assert start is not None and self._session is not None
+        try:
+            events = RECORDER.events_since(start, self._index)
+        finally:
+            exit_states = RECORDER.end()  # undoes every patch at the outermost window
+        record = {
+            "pid": os.getpid(),
+            "host": session.host(),
+            "label": self._label,
+            "events": events,
+            "states": {"entry": self._entry, "exit": exit_states},
+            "exception": exc_type.__name__ if exc_type is not None else None,
+        }
+        try:
+            self.report = self._session.conclude(
+                self._index, self._label, record, self.settings.timeout
+            )
+        except Exception:
+            if exc_type is not None:
+                log.warning("rngaudit: could not conclude the audit", exc_info=True)
+                return None  # the user's exception propagates unchanged
+            raise
+        if exc_type is None:
+            act(self.report, self.settings.mode, self.settings.strict)
         return None
 
 
-def audit(**kwargs: Any) -> Audit:
-    return Audit(**kwargs)
+def act(report: AuditReport, mode: str, strict: bool = False) -> None:
+    """Raise or warn for a report's findings, as the mode says."""
+    failing = [f for f in report.findings if f.severity == "error"]
+    if strict:
+        failing += [f for f in report.findings if f.severity == "warning"]
+    if mode == "raise" and failing:
+        raise _error_for(failing, report)
+    if mode in ("raise", "warn"):
+        for finding in report.findings:
+            if finding.severity in ("warning", "error") and finding not in failing:
+                warnings.warn(_format(finding), RNGAuditWarning, stacklevel=3)
+
+
+def _format(finding: Finding) -> str:
+    text = f"[{finding.kind}] {finding.message}"
+    if finding.remedy:
+        text += f"\nFix: {finding.remedy}"
+    return text
+
+
+def _error_for(failing: list[Finding], report: AuditReport) -> RNGAuditError:
+    body = "\n\n".join(_format(f) for f in failing)
+    message = f"rngaudit found {len(failing)} problem(s):\n\n{body}"
+    missing = [r for f in failing if f.kind == RANK_MISSING for r in f.ranks]
+    if missing:
+        return RNGAuditTimeoutError(message, report, missing)
+    return RNGDivergenceError(message, report)
+
+
+def active() -> bool:
+    """Whether a recording window is open in this process."""
+    return RECORDER.depth > 0
+
+
+__all__ = ["Audit", "act", "active", "audit"]

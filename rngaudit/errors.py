@@ -26,9 +26,7 @@ class RNGDivergenceError(RNGAuditError):
 class RNGAuditTimeoutError(RNGAuditError):
     """Some ranks did not arrive at the fingerprint exchange within the timeout."""
 
-    def __init__(
-        self, message: str, report: AuditReport | None = None, missing: Any = ()
-    ) -> None:
+    def __init__(self, message: str, report: AuditReport | None = None, missing: Any = ()) -> None:
         super().__init__(message, report)
         self.missing_ranks: tuple[int, ...] = tuple(missing)
 

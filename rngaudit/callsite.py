@@ -1,0 +1,147 @@
+"""Call sites: which library line drew, and which user line led there."""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+from dataclasses import dataclass
+from types import CodeType, FrameType
+from typing import Any
+
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+# Library frames that only route a call (dispatch plumbing): never a call site.
+_PLUMBING = (
+    os.sep + os.path.join("torch", "utils", "_python_dispatch.py"),
+    os.sep + os.path.join("torch", "_ops.py"),
+    os.sep + os.path.join("torch", "overrides.py"),
+    os.sep + os.path.join("torch", "_dynamo") + os.sep,
+    os.sep + os.path.join("torch", "utils", "_contextlib.py"),
+    os.sep + os.path.join("torch", "random.py"),
+    os.sep + os.path.join("torch", "cuda", "random.py"),
+    os.sep + "wrapt" + os.sep,
+)
+
+RNGAUDIT, STDLIB, PLUMBING, LIBRARY, USER = range(5)
+
+
+def _stdlib_dirs() -> tuple[str, ...]:
+    dirs = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib")}
+    return tuple(os.path.abspath(d) + os.sep for d in dirs)
+
+
+def _library_dirs() -> tuple[str, ...]:
+    dirs = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
+    dirs.update(p for p in sys.path if p.endswith(("site-packages", "dist-packages")))
+    return tuple(os.path.abspath(d) + os.sep for d in dirs)
+
+
+_STDLIB_DIRS = _stdlib_dirs()
+_LIBRARY_DIRS = _library_dirs()
+_classes: dict[str, int] = {}
+
+
+def classify(filename: str) -> int:
+    """Which kind of code a file holds: rngaudit, stdlib, plumbing, library or user."""
+    kind = _classes.get(filename)
+    if kind is None:
+        path = os.path.abspath(filename)
+        if path.startswith(_PKG_DIR):
+            kind = RNGAUDIT
+        elif any(p in path for p in _PLUMBING):
+            kind = PLUMBING
+        elif path.startswith(_LIBRARY_DIRS):
+            kind = LIBRARY
+        elif path.startswith(_STDLIB_DIRS) or filename.startswith("<frozen"):
+            kind = STDLIB
+        else:
+            kind = USER
+        _classes[filename] = kind
+    return kind
+
+
+@dataclass(frozen=True)
+class CallSite:
+    """A source line: file, line number and function."""
+
+    file: str
+    line: int
+    function: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line, "function": self.function}
+
+    def short(self) -> str:
+        return f"{short_path(self.file)}:{self.line} in {self.function}"
+
+
+def short_path(path: str) -> str:
+    """A path shortened for humans: relative to site-packages, or as given."""
+    marker = "site-packages" + os.sep
+    idx = path.rfind(marker)
+    if idx >= 0:
+        return path[idx + len(marker) :]
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith(".." + os.sep + "..") else rel
+
+
+@dataclass(frozen=True)
+class Stack:
+    """What a stack walk found above a draw."""
+
+    call_site: CallSite | None
+    chain: tuple[CallSite, ...]
+    user_site: CallSite | None
+    marked: tuple[tuple[str, Any], ...]  # (role, frame `self`) for marked code objects
+    stdlib_caller: bool  # the first frame outside rngaudit is stdlib (not `random`)
+
+
+# Code objects whose frames carry meaning (sampler __iter__, loader state_dict, ...):
+# code -> role. Filled by the instrumentation when it installs.
+MARKED_CODES: dict[CodeType, str] = {}
+
+_RANDOM_PY = os.path.join("", "random.py")
+
+
+def walk(frame: FrameType | None, max_depth: int = 80) -> Stack:
+    """Walk from ``frame`` outwards to the first user frame."""
+    call_site: CallSite | None = None
+    user_site: CallSite | None = None
+    chain: list[CallSite] = []
+    marked: list[tuple[str, Any]] = []
+    stdlib_caller = False
+    first_outside = True
+    depth = 0
+    while frame is not None and depth < max_depth:
+        depth += 1
+        code = frame.f_code
+        role = MARKED_CODES.get(code)
+        if role is not None:
+            marked.append((role, frame.f_locals.get("self")))
+        kind = classify(code.co_filename)
+        if kind == RNGAUDIT:
+            frame = frame.f_back
+            continue
+        if first_outside:
+            first_outside = False
+            if kind == STDLIB and not code.co_filename.endswith(_RANDOM_PY):
+                stdlib_caller = True
+        if kind in (LIBRARY, USER):
+            site = CallSite(code.co_filename, frame.f_lineno, code.co_name)
+            if call_site is None:
+                call_site = site
+            chain.append(site)
+            if kind == USER:
+                user_site = site
+                break
+        frame = frame.f_back
+    return Stack(call_site, tuple(chain), user_site, tuple(marked), stdlib_caller)
+
+
+def here(skip: int = 1) -> Stack:
+    """Walk the caller's stack (``skip`` frames above this one)."""
+    return walk(sys._getframe(skip + 1))

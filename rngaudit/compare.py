@@ -1,0 +1,290 @@
+"""Comparison of rank records: the rules that turn fingerprints into findings."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from rngaudit import findings as fk
+from rngaudit.callsite import short_path
+from rngaudit.findings import Finding
+
+GLOBAL_TORCH = "torch.default_generator"
+
+SAMPLER_REMEDY = (
+    "Seed every rank identically before prepare(): accelerate.utils.set_seed(SEED) "
+    "(without device_specific=True) or torch.manual_seed(SEED) on all ranks; or give the "
+    "DataLoader its own seeded generator: DataLoader(..., "
+    "generator=torch.Generator().manual_seed(SEED)); or avoid the early draw "
+    "(num_workers=0 or use_stateful_dataloader=False) until accelerate defers the "
+    "state_dict() prefetch in prepare()."
+)
+CONSUMPTION_REMEDY = (
+    "Make every rank draw the same randomness before iteration (no rank-0-only draws "
+    "such as a stray torch.rand or an evaluation), or reseed all ranks identically after "
+    "the unequal part."
+)
+STATE_REMEDY = (
+    "If ranks should draw the same values (dropout masks, augmentations shared across ranks), "
+    "seed them identically with accelerate.utils.set_seed(SEED); if per-rank randomness is "
+    "intended (set_seed(..., device_specific=True)), this is expected."
+)
+
+
+def _site(cs: dict[str, Any] | None) -> str:
+    if not cs:
+        return "<unknown>"
+    return f"{short_path(str(cs['file']))}:{cs['line']} in {cs['function']}"
+
+
+def _family(generator: str) -> str:
+    return generator.split("#", 1)[0]
+
+
+def _groups(values: dict[int, Any]) -> str:
+    by_value: dict[Any, list[int]] = {}
+    for rank, value in sorted(values.items()):
+        by_value.setdefault(value, []).append(rank)
+    parts = []
+    for value, ranks in by_value.items():
+        who = "rank " + str(ranks[0]) if len(ranks) == 1 else "ranks " + _ranks(ranks)
+        parts.append(f"{who}: {value}")
+    return "; ".join(parts)
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(str(r) for r in ranks)
+
+
+def _pre_iteration(record: dict[str, Any], audit: int) -> list[dict[str, Any]]:
+    events = [
+        e
+        for e in record.get("events", [])
+        if e.get("phase") == "pre-iteration" and e.get("audit", audit) == audit
+    ]
+    return sorted(events, key=lambda e: int(e.get("seq", 0)))
+
+
+def _entry_differs(records: list[dict[str, Any]], generator: str) -> bool:
+    values = {r.get("states", {}).get("entry", {}).get(generator) for r in records}
+    return len(values) > 1
+
+
+def compare(
+    records: list[dict[str, Any]],
+    world_size: int,
+    missing: list[int],
+    audit: int = 0,
+    timeout: float | None = None,
+) -> list[Finding]:
+    """Every finding for one audit, from the records of the ranks that arrived.
+
+    Deterministic: every rank computes the same findings from the same records.
+    """
+    records = sorted(records, key=lambda r: int(r["rank"]))
+    out: list[Finding] = []
+    if missing:
+        arrived = [int(r["rank"]) for r in records]
+        waited = f" within {timeout:g} s" if timeout is not None else ""
+        out.append(
+            Finding(
+                kind=fk.RANK_MISSING,
+                severity="error",
+                message=(
+                    f"Rank(s) {_ranks(missing)} did not arrive at the rngaudit exchange"
+                    f"{waited} (arrived: {_ranks(arrived)}); their draws were not compared."
+                ),
+                ranks=list(missing),
+                remedy="Check that every rank runs the audited block the same number of times "
+                "and that none crashed or is stuck; raise timeout= / RNGAUDIT_TIMEOUT if slow.",
+                audit=audit,
+                details={"arrived": arrived},
+            )
+        )
+    if len(records) < 2:
+        return out
+    mismatch = _consumption_mismatch(records, audit)
+    out.extend(_sampler_divergence(records, audit, mismatch))
+    if mismatch is not None:
+        out.append(mismatch)
+    out.extend(_state_divergence(records, audit, mismatch is not None))
+    return out
+
+
+def _sampler_divergence(
+    records: list[dict[str, Any]], audit: int, mismatch: Finding | None
+) -> list[Finding]:
+    per_rank = {
+        int(r["rank"]): [
+            e for e in _pre_iteration(r, audit) if e.get("sampler") and e["kind"] == "draw"
+        ]
+        for r in records
+    }
+    longest = max(len(v) for v in per_rank.values())
+    out: list[Finding] = []
+    reported: set[tuple[str, str | None]] = set()
+    for k in range(longest):
+        at_k = {rank: events[k] for rank, events in per_rank.items() if k < len(events)}
+        first = next(iter(at_k.values()))
+        sampler = first["sampler"]
+        loader_key = (str(sampler.get("chain")), sampler.get("loader"))
+        if loader_key in reported:
+            continue
+        fps = {rank: e.get("fingerprint") for rank, e in at_k.items()}
+        outputs = {rank: (e.get("sampler") or {}).get("output_digest") for rank, e in at_k.items()}
+        if len(set(fps.values())) <= 1 and len(set(outputs.values())) <= 1:
+            continue
+        reported.add(loader_key)
+        out.append(_sampler_finding(records, audit, first, fps, outputs, mismatch))
+    return out
+
+
+def _sampler_finding(
+    records: list[dict[str, Any]],
+    audit: int,
+    event: dict[str, Any],
+    fps: dict[int, Any],
+    outputs: dict[int, Any],
+    mismatch: Finding | None,
+) -> Finding:
+    sampler = event["sampler"]
+    generator = str(event["generator"])
+    loader = sampler.get("loader") or "a DataLoader"
+    user = event.get("user_call_site")
+    lines = [
+        f"Sampler {sampler['chain']} of {loader} drew its epoch-0 order before iteration "
+        f"began, from {generator}, whose state differs across ranks "
+        f"(state fingerprints {_groups(fps)}).",
+        f"The draw ({event['op']}) ran at {_site(event.get('call_site'))}, reached from "
+        f"{_site(user)}.",
+        "Accelerate synchronizes RNG only when iteration starts, so these indices are used "
+        "unsynchronized: the ranks shard different permutations, and epoch 0 duplicates some "
+        "samples and drops others. Nothing else will report this.",
+    ]
+    if _entry_differs(records, GLOBAL_TORCH):
+        entry = {
+            int(r["rank"]): r.get("states", {}).get("entry", {}).get(GLOBAL_TORCH) for r in records
+        }
+        lines.append(
+            "The global torch RNG already differed across ranks when this audit began "
+            f"({_groups(entry)}): "
+            "run with RNGAUDIT=1 from process start to find where it diverged."
+        )
+    if mismatch is not None:
+        lines.append(f"First unequal draw before it: {mismatch.details.get('first', '')}.")
+    return Finding(
+        kind=fk.SAMPLER_DRAW_DIVERGENCE,
+        severity="error",
+        message="\n".join(lines),
+        ranks=sorted(fps),
+        generator=generator,
+        call_site=event.get("call_site"),
+        user_call_site=user,
+        remedy=SAMPLER_REMEDY,
+        audit=audit,
+        details={
+            "sampler": sampler["chain"],
+            "loader": sampler.get("loader"),
+            "fingerprints": {str(r): v for r, v in sorted(fps.items())},
+            "output_digests": {str(r): v for r, v in sorted(outputs.items())},
+            "op": event["op"],
+        },
+    )
+
+
+def _consumption_key(e: dict[str, Any]) -> tuple[str, str, str, int]:
+    cs = e.get("call_site") or {}
+    return (_family(str(e["generator"])), str(e["op"]), str(cs.get("file")), int(cs.get("line", 0)))
+
+
+def _consumption_mismatch(records: list[dict[str, Any]], audit: int) -> Finding | None:
+    counts: dict[int, Counter[tuple[str, str, str, int]]] = {}
+    first_seen: dict[tuple[str, str, str, int], tuple[int, dict[str, Any]]] = {}
+    for r in records:
+        rank = int(r["rank"])
+        counter: Counter[tuple[str, str, str, int]] = Counter()
+        for e in _pre_iteration(r, audit):
+            if e.get("kind") not in ("draw", "seed"):
+                continue
+            key = _consumption_key(e)
+            counter[key] += int(e.get("count", 1))
+            seq = int(e.get("seq", 0))
+            if key not in first_seen or seq < first_seen[key][0]:
+                first_seen[key] = (seq, e)
+        counts[rank] = counter
+    keys = set().union(*counts.values())
+    differing = [k for k in keys if len({c.get(k, 0) for c in counts.values()}) > 1]
+    if not differing:
+        return None
+    differing.sort(key=lambda k: first_seen[k][0])
+    descriptions = []
+    ranks: set[int] = set()
+    for key in differing[:3]:
+        e = first_seen[key][1]
+        per_rank = {rank: c.get(key, 0) for rank, c in counts.items()}
+        top = max(per_rank.values())
+        ranks.update(rank for rank, n in per_rank.items() if n != top or n == 0)
+        ranks.update(rank for rank, n in per_rank.items() if n == top)
+        where = _site(e.get("call_site"))
+        user = e.get("user_call_site")
+        via = f" (from {_site(user)})" if user and user != e.get("call_site") else ""
+        descriptions.append(
+            f"{e['op']} on {_family(str(e['generator']))} at {where}{via}: "
+            + ", ".join(f"rank {rank} x{n}" for rank, n in sorted(per_rank.items()))
+        )
+    first_event = first_seen[differing[0]][1]
+    more = f" (and {len(differing) - 3} more)" if len(differing) > 3 else ""
+    return Finding(
+        kind=fk.CONSUMPTION_MISMATCH,
+        severity="warning",
+        message="Ranks drew randomness at different call sites or counts before iteration: "
+        + "; ".join(descriptions)
+        + more
+        + ". From that draw on, generators that were equal across ranks are not.",
+        ranks=sorted(ranks),
+        generator=str(first_event["generator"]),
+        call_site=first_event.get("call_site"),
+        user_call_site=first_event.get("user_call_site"),
+        remedy=CONSUMPTION_REMEDY,
+        audit=audit,
+        details={"first": descriptions[0], "sites": len(differing)},
+    )
+
+
+def _state_divergence(
+    records: list[dict[str, Any]], audit: int, consumption_differs: bool
+) -> list[Finding]:
+    exits = [r.get("states", {}).get("exit", {}) for r in records]
+    names = sorted(set.intersection(*(set(s) for s in exits))) if exits else []
+    out = []
+    for name in names:
+        if "#" in name:
+            continue  # explicit generators: numbering is per rank; compared via samplers
+        values = {int(r["rank"]): r.get("states", {}).get("exit", {}).get(name) for r in records}
+        if len(set(values.values())) <= 1:
+            continue
+        at_entry = _entry_differs(records, name)
+        severity = "warning" if (not at_entry and consumption_differs) else "info"
+        origin = (
+            "It already differed when the audit began (per-rank or missing seeding)."
+            if at_entry
+            else "It was equal when the audit began: unequal draws inside the audit split it."
+        )
+        out.append(
+            Finding(
+                kind=fk.STATE_DIVERGENCE,
+                severity=severity,
+                message=(
+                    f"{name} differs across ranks at the end of the audit ({_groups(values)}). "
+                    f"{origin} Nothing configured synchronizes it (accelerate synchronizes only "
+                    "the sampler's generator by default, rng_types=['generator']): dropout "
+                    "masks and augmentations drawn from it will differ per rank."
+                ),
+                ranks=sorted(values),
+                generator=name,
+                remedy=STATE_REMEDY,
+                audit=audit,
+                details={"fingerprints": {str(r): v for r, v in sorted(values.items())}},
+            )
+        )
+    return out

@@ -1,0 +1,112 @@
+"""Events: one record per (generator, op, call site), aggregated with counts, thread-safe."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from rngaudit.callsite import CallSite
+
+DRAW, SEED, STATE = "draw", "seed", "state"
+PRE_ITERATION, ITERATION = "pre-iteration", "iteration"
+
+
+@dataclass
+class SamplerInfo:
+    """The sampler (and loader) a draw was made for, and a digest of what it drew."""
+
+    chain: str
+    loader: str | None = None
+    output_digest: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"chain": self.chain, "loader": self.loader, "output_digest": self.output_digest}
+
+
+@dataclass
+class Event:
+    """An aggregated draw, seeding or state operation on one generator at one call site."""
+
+    seq: int
+    audit: int
+    generator: str
+    op: str
+    kind: str
+    call_site: CallSite | None
+    chain: tuple[CallSite, ...]
+    user_call_site: CallSite | None
+    fingerprint: str | None
+    thread: str
+    pid: int
+    phase: str
+    sampler: SamplerInfo | None = None
+    count: int = 1
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "seq": self.seq,
+            "audit": self.audit,
+            "generator": self.generator,
+            "op": self.op,
+            "kind": self.kind,
+            "call_site": self.call_site.to_dict() if self.call_site else None,
+            "chain": [c.to_dict() for c in self.chain],
+            "user_call_site": self.user_call_site.to_dict() if self.user_call_site else None,
+            "count": self.count,
+            "fingerprint": self.fingerprint,
+            "thread": self.thread,
+            "pid": self.pid,
+            "phase": self.phase,
+            "sampler": self.sampler.to_dict() if self.sampler else None,
+        }
+        out.update(self.extra)
+        return out
+
+
+AggKey = tuple[Any, ...]
+
+
+class EventLog:
+    """Thread-safe, aggregating store of events for one process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._events: dict[AggKey, Event] = {}
+        self._seq = itertools.count()
+        self.pid = os.getpid()
+
+    def next_seq(self) -> int:
+        return next(self._seq)
+
+    def bump(self, key: AggKey) -> bool:
+        """Count one more occurrence of an existing key; False when the key is new."""
+        with self._lock:
+            event = self._events.get(key)
+            if event is None:
+                return False
+            event.count += 1
+            return True
+
+    def add(self, key: AggKey, event: Event) -> None:
+        with self._lock:
+            existing = self._events.get(key)
+            if existing is not None:
+                existing.count += 1
+            else:
+                self._events[key] = event
+
+    def since(self, seq: int) -> list[Event]:
+        """Events whose first occurrence has sequence number >= ``seq``, in order."""
+        with self._lock:
+            events = [e for e in self._events.values() if e.seq >= seq]
+        return sorted(events, key=lambda e: e.seq)
+
+    def all(self) -> list[Event]:
+        return self.since(0)
+
+    def __len__(self) -> int:
+        return len(self._events)

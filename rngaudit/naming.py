@@ -1,0 +1,56 @@
+"""Stable, readable names for the generators an audit sees."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+TORCH_DEFAULT = "torch.default_generator"
+PYTHON_GLOBAL = "random (global)"
+NUMPY_GLOBAL = "numpy.random (global)"
+
+
+def cuda_default(index: int) -> str:
+    return f"torch.cuda.default_generators[{index}]"
+
+
+class GeneratorNames:
+    """Numbers explicit generators in order of first sight, keeping them alive meanwhile.
+
+    Holding a reference stops a freed generator's address from being reused by a new one
+    while the audit runs; ``clear()`` lets them go.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._names: dict[tuple[str, int], str] = {}
+        self._keep: list[Any] = []
+        self._counters: dict[str, int] = {}
+
+    def name(self, family: str, key: int, obj: Any, hint: str | None = None) -> str:
+        """The name of generator ``obj`` (identified by ``key``) in ``family``."""
+        ident = (family, key)
+        found = self._names.get(ident)
+        if found is not None:
+            return found
+        with self._lock:
+            found = self._names.get(ident)
+            if found is None:
+                number = self._counters.get(family, 0) + 1
+                self._counters[family] = number
+                found = f"{family}#{number}" + (f" ({hint})" if hint else "")
+                self._names[ident] = found
+                self._keep.append(obj)
+            return found
+
+    def items(self) -> list[tuple[str, Any]]:
+        """(name, object) for every named generator."""
+        with self._lock:
+            by_key = dict(zip(self._names.values(), self._keep, strict=True))
+        return list(by_key.items())
+
+    def clear(self) -> None:
+        with self._lock:
+            self._names.clear()
+            self._keep.clear()
+            self._counters.clear()

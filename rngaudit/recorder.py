@@ -1,0 +1,261 @@
+"""The recorder: turns intercepted calls into events, with call sites, phases and samplers."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from rngaudit import callsite, fingerprint, naming
+from rngaudit.events import ITERATION, PRE_ITERATION, Event, EventLog, SamplerInfo
+from rngaudit.patching import PatchSet
+
+log = logging.getLogger("rngaudit")
+
+# Roles of marked code objects (see callsite.MARKED_CODES).
+ROLE_SAMPLER = "sampler"
+ROLE_LOADER = "loader"
+ROLE_ITERATION = "iteration"
+
+GenInfo = tuple[str, Callable[[], "str | None"]]
+
+
+class Recorder:
+    """Process-wide recorder. Instrumentation calls :meth:`call`; audits open windows."""
+
+    def __init__(self) -> None:
+        self.log = EventLog()
+        self.names = naming.GeneratorNames()
+        self.loaders = naming.GeneratorNames()
+        self.patches = PatchSet()
+        self.enabled = False
+        self.audit_index = 0
+        self.iteration_started = False
+        self._local = threading.local()
+        self._instrumented: list[Callable[[], None]] = []  # undo callbacks, LIFO
+        self._depth = 0
+        self._outer_indices: list[int] = []
+        self._window_lock = threading.RLock()
+        self._fork_handler = False
+
+    # -- windows ---------------------------------------------------------------------------
+    def begin(self, audit_index: int) -> int:
+        """Open a recording window (nested windows share the instrumentation).
+
+        Returns the sequence number from which this window's events count.
+        """
+        with self._window_lock:
+            if self._depth == 0:
+                from rngaudit.instrumentation import Instrumentation
+
+                if not self._fork_handler:
+                    os.register_at_fork(after_in_child=self.disable_in_child)
+                    self._fork_handler = True
+                self.enabled = True
+                try:
+                    Instrumentation(self).install()
+                except BaseException:
+                    self.uninstrument()
+                    raise
+            self._depth += 1
+            self._outer_indices.append(self.audit_index)
+            self.audit_index = audit_index
+            return self.log.next_seq()
+
+    def events_since(self, seq: int, audit_index: int) -> list[dict[str, Any]]:
+        """This window's events as report dicts, labelled with ``audit_index``."""
+        out = []
+        for event in self.log.since(seq):
+            data = event.to_dict()
+            data["audit"] = audit_index
+            out.append(data)
+        return out
+
+    def end(self) -> dict[str, str | None]:
+        """Close the innermost window; returns generator states at its end.
+
+        The outermost window's end undoes every patch and pops the dispatch mode.
+        """
+        with self._window_lock:
+            try:
+                states = self.snapshot()
+            except Exception:
+                states = {}
+            self._depth = max(0, self._depth - 1)
+            self.audit_index = self._outer_indices.pop() if self._outer_indices else 0
+            if self._depth == 0:
+                self.uninstrument()
+                self.names.clear()
+                self.loaders.clear()
+                self.log = EventLog()
+            return states
+
+    @property
+    def depth(self) -> int:
+        return self._depth
+
+    # -- lifecycle -----------------------------------------------------------------------
+    @property
+    def instrumented(self) -> bool:
+        return bool(self._instrumented) or len(self.patches) > 0
+
+    def add_undo(self, undo: Callable[[], None]) -> None:
+        self._instrumented.append(undo)
+
+    def uninstrument(self) -> None:
+        """Undo every patch and pop every mode, last first. Safe on error paths."""
+        self.enabled = False
+        errors: list[BaseException] = []
+        while self._instrumented:
+            undo = self._instrumented.pop()
+            try:
+                undo()
+            except Exception as exc:  # keep undoing the rest
+                errors.append(exc)
+        self.patches.undo()
+        if errors:
+            log.warning("rngaudit: %d undo step(s) failed: %r", len(errors), errors[0])
+
+    def disable_in_child(self) -> None:
+        """After fork: a child (DataLoader worker) must not record or be perturbed."""
+        self.enabled = False
+
+    # -- recording -------------------------------------------------------------------------
+    def busy(self) -> bool:
+        return bool(getattr(self._local, "busy", False))
+
+    def call(
+        self,
+        wrapped: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        generator: Callable[[callsite.Stack], GenInfo | None],
+        op: str,
+        kind: str,
+        skip_stdlib_callers: bool = False,
+    ) -> Any:
+        """Record one intercepted call, then make it, unchanged.
+
+        ``generator(stack)`` names the generator and returns its fingerprint function; it runs
+        before the call so the fingerprint is of the state the call draws from.
+        """
+        local = self._local
+        if not self.enabled or getattr(local, "busy", False):
+            return wrapped(*args, **kwargs)
+        local.busy = True
+        try:
+            try:
+                self.record(generator, op, kind, sys._getframe(1), skip_stdlib_callers)
+            except Exception:  # the auditor must never break what it audits
+                log.debug("rngaudit: recording failed", exc_info=True)
+            return wrapped(*args, **kwargs)
+        finally:
+            local.busy = False
+
+    def record(
+        self,
+        generator: Callable[[callsite.Stack], GenInfo | None],
+        op: str,
+        kind: str,
+        frame: Any,
+        skip_stdlib_callers: bool = False,
+    ) -> Event | None:
+        stack = callsite.walk(frame)
+        if skip_stdlib_callers and stack.stdlib_caller:
+            return None
+        resolved = generator(stack)
+        if resolved is None:
+            return None
+        gen_name, fp = resolved
+        sampler = self._sampler_info(stack.marked)
+        phase = ITERATION if self.iteration_started else PRE_ITERATION
+        if any(role == ROLE_ITERATION for role, _ in stack.marked):
+            phase = ITERATION
+        thread = threading.current_thread()
+        key = (
+            self.audit_index,
+            gen_name,
+            op,
+            kind,
+            stack.call_site,
+            stack.user_site,
+            sampler.chain if sampler else None,
+            phase,
+            thread.ident,
+        )
+        if self.log.bump(key):
+            return None
+        event = Event(
+            seq=self.log.next_seq(),
+            audit=self.audit_index,
+            generator=gen_name,
+            op=op,
+            kind=kind,
+            call_site=stack.call_site,
+            chain=stack.chain,
+            user_call_site=stack.user_site,
+            fingerprint=_safe(fp),
+            thread=thread.name,
+            pid=os.getpid(),
+            phase=phase,
+            sampler=sampler,
+        )
+        self.log.add(key, event)
+        return event
+
+    def _sampler_info(self, marked: tuple[tuple[str, Any], ...]) -> SamplerInfo | None:
+        samplers: list[Any] = []
+        loader: Any = None
+        for role, obj in marked:
+            if role == ROLE_SAMPLER and obj is not None and all(obj is not s for s in samplers):
+                samplers.append(obj)
+            elif role == ROLE_LOADER and loader is None:
+                loader = obj
+        if not samplers:
+            return None
+        chain = " > ".join(type(s).__name__ for s in reversed(samplers))
+        loader_name = None
+        if loader is not None:
+            loader_name = self.loaders.name(type(loader).__name__, id(loader), loader)
+        return SamplerInfo(chain=chain, loader=loader_name)
+
+    def current_sampler(self, marked: tuple[tuple[str, Any], ...]) -> Any:
+        """The innermost sampler object among marked frames, if any."""
+        for role, obj in marked:
+            if role == ROLE_SAMPLER and obj is not None:
+                return obj
+        return None
+
+    # -- state snapshots -------------------------------------------------------------------
+    def snapshot(self) -> dict[str, str | None]:
+        """Fingerprints of the global generators (and named explicit ones), right now."""
+        states: dict[str, str | None] = {}
+        torch = sys.modules.get("torch")
+        if torch is not None and hasattr(torch, "default_generator"):
+            states[naming.TORCH_DEFAULT] = fingerprint.torch_generator(torch.default_generator)
+            cuda = getattr(torch, "cuda", None)
+            if cuda is not None and cuda.is_available() and cuda.is_initialized():
+                for index, gen in enumerate(cuda.default_generators):
+                    states[naming.cuda_default(index)] = fingerprint.torch_generator(gen)
+        rnd = sys.modules.get("random")
+        if rnd is not None:
+            states[naming.PYTHON_GLOBAL] = fingerprint.python_random(rnd._inst)
+        mtrand = sys.modules.get("numpy.random.mtrand")
+        if mtrand is not None:
+            states[naming.NUMPY_GLOBAL] = fingerprint.numpy_random_state(mtrand._rand)
+        for name, obj in self.names.items():
+            states[name] = fingerprint.of(obj)
+        return states
+
+
+RECORDER = Recorder()
+
+
+def _safe(fp: Callable[[], str | None]) -> str | None:
+    try:
+        return fp()
+    except Exception:  # a state that cannot be read yet (half-built object)
+        return None

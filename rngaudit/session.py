@@ -1,0 +1,148 @@
+"""A process's audit session: concludes audits (exchange, compare) and keeps its report files."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+from rngaudit import compare, exchange, report_files
+from rngaudit.findings import Finding, verdict_of
+from rngaudit.report import SCHEMA_VERSION, AuditReport
+
+_private_random = random.Random(os.urandom(8))  # never the user's generators
+_exchange_keys = itertools.count()  # one sequence per process: ranks audit in the same order
+_sessions: dict[Path, Session] = {}
+_lock = threading.Lock()
+
+
+def _new_run_id() -> str:
+    return f"{_private_random.getrandbits(64):016x}"
+
+
+class Session:
+    """Everything audited into one report directory by this process."""
+
+    def __init__(self, report_dir: Path, mode: str) -> None:
+        self.report_dir = report_dir
+        self.mode = mode
+        self.run_id = os.environ.get("TORCHELASTIC_RUN_ID") or _new_run_id()
+        self.rank = int(os.environ.get("RANK", "0") or 0)
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        self.audits: list[dict[str, Any]] = []
+        self.findings: list[Finding] = []
+        self.records: dict[int, dict[str, Any]] = {}
+        self._next_index = 0
+        self._lock = threading.RLock()
+
+    def reserve(self) -> int:
+        """The index of a new audit in this session."""
+        with self._lock:
+            index = self._next_index
+            self._next_index += 1
+            return index
+
+    def conclude(
+        self, index: int, label: str, record: dict[str, Any], timeout: float
+    ) -> AuditReport:
+        """Exchange ``record`` with the other ranks, compare, write the files."""
+        where = exchange.distributed()
+        if where is not None:
+            self.rank, self.world_size = where
+        record = dict(record, rank=self.rank, run_id=self.run_id)
+        key = f"{next(_exchange_keys)}"
+        result = exchange.exchange(record, key, timeout)
+        self.world_size = result.world_size
+        arrived = sorted(result.records, key=lambda r: int(r["rank"]))
+        if arrived and arrived[0].get("run_id"):
+            self.run_id = str(arrived[0]["run_id"])  # adopt the lowest rank's run id
+        found = compare.compare(arrived, result.world_size, result.missing, index, timeout)
+        with self._lock:
+            for rec in arrived:
+                self._accumulate(rec)
+            self.findings.extend(found)
+            self.audits.append({"index": index, "label": label, "verdict": verdict_of(found)})
+            self.write()
+        return AuditReport(
+            findings=found,
+            ranks=arrived,
+            world_size=result.world_size,
+            run_id=self.run_id,
+            mode=self.mode,
+            audits=[self.audits[-1]],
+        )
+
+    def add_finding(self, finding: Finding) -> None:
+        """A finding that arrives after its audit (DataLoader worker checks)."""
+        with self._lock:
+            self.findings = [
+                f
+                for f in self.findings
+                if not (
+                    f.kind == finding.kind
+                    and f.details.get("path") == finding.details.get("path")
+                    and f.details.get("path") is not None
+                )
+            ]
+            self.findings.append(finding)
+            self.write()
+
+    def _accumulate(self, rec: dict[str, Any]) -> None:
+        rank = int(rec["rank"])
+        acc = self.records.setdefault(
+            rank,
+            {"rank": rank, "pid": rec.get("pid"), "host": rec.get("host"), "events": []},
+        )
+        acc["events"].extend(rec.get("events", []))
+        acc["states"] = rec.get("states", {})
+        acc["run_id"] = self.run_id
+
+    def report(self) -> AuditReport:
+        with self._lock:
+            return AuditReport(
+                findings=list(self.findings),
+                ranks=[self.records[r] for r in sorted(self.records)],
+                world_size=self.world_size,
+                run_id=self.run_id,
+                mode=self.mode,
+                audits=list(self.audits),
+            )
+
+    def write(self) -> None:
+        """Write this rank's file, and on rank 0 the merged report."""
+        with self._lock:
+            merged = self.report()
+            own = self.records.get(self.rank, {"rank": self.rank, "events": [], "states": {}})
+            rank_doc = {
+                "schema_version": SCHEMA_VERSION,
+                "run_id": self.run_id,
+                "world_size": self.world_size,
+                "rank": self.rank,
+                "mode": self.mode,
+                "verdict": merged.verdict,
+                "audits": list(self.audits),
+                "findings": [f.to_dict() for f in self.findings],
+                "record": own,
+            }
+            report_files.write_json(report_files.rank_path(self.report_dir, self.rank), rank_doc)
+            if self.rank == 0:
+                report_files.write_json(report_files.merged_path(self.report_dir), merged.to_dict())
+
+
+def for_dir(report_dir: Path, mode: str) -> Session:
+    """The session of this process for ``report_dir`` (created on first use)."""
+    key = report_dir.resolve()
+    with _lock:
+        session = _sessions.get(key)
+        if session is None:
+            session = _sessions[key] = Session(key, mode)
+        session.mode = mode
+        return session
+
+
+def host() -> str:
+    return socket.gethostname()
