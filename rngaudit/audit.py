@@ -100,6 +100,8 @@ class Audit(ContextDecorator):
             "label": self._label,
             "events": events,
             "states": {"entry": self._entry, "exit": exit_states},
+            "initial_seeds": RECORDER.initial_seeds(),
+            "from_start": False,
             "exception": exc_type.__name__ if exc_type is not None else None,
         }
         try:

@@ -65,9 +65,39 @@ def _pre_iteration(record: dict[str, Any], audit: int) -> list[dict[str, Any]]:
     return sorted(events, key=lambda e: int(e.get("seq", 0)))
 
 
+def _entry_state(record: dict[str, Any], generator: str) -> Any:
+    """The generator's state when the audit began, or else when it was first used."""
+    entry = record.get("states", {}).get("entry", {})
+    if generator in entry:
+        return entry[generator]
+    for event in sorted(record.get("events", []), key=lambda e: int(e.get("seq", 0))):
+        if event.get("generator") == generator:
+            return event.get("fingerprint")
+    return None
+
+
 def _entry_differs(records: list[dict[str, Any]], generator: str) -> bool:
-    values = {r.get("states", {}).get("entry", {}).get(generator) for r in records}
-    return len(values) > 1
+    return len({_entry_state(r, generator) for r in records}) > 1
+
+
+def _origin(records: list[dict[str, Any]]) -> list[str]:
+    """Why the global torch RNG differed, as far as the records tell."""
+    seeds = {int(r["rank"]): r.get("initial_seeds", {}).get(GLOBAL_TORCH) for r in records}
+    if None not in seeds.values() and len(set(seeds.values())) > 1:
+        return [
+            f"The ranks' torch seeds differ ({_groups(seeds)}): torch picks a random seed at "
+            "import unless every rank seeds it, and set_seed(..., device_specific=True) adds "
+            "the rank to the seed."
+        ]
+    if _entry_differs(records, GLOBAL_TORCH):
+        if all(r.get("from_start") for r in records):
+            return ["The global torch RNG differed across ranks from the first recorded draw."]
+        return [
+            "The global torch RNG already differed across ranks when this audit began, although "
+            "the ranks were seeded alike: run with RNGAUDIT=1 from process start to find the "
+            "unequal draw."
+        ]
+    return []
 
 
 def compare(
@@ -161,15 +191,7 @@ def _sampler_finding(
         "unsynchronized: the ranks shard different permutations, and epoch 0 duplicates some "
         "samples and drops others. Nothing else will report this.",
     ]
-    if _entry_differs(records, GLOBAL_TORCH):
-        entry = {
-            int(r["rank"]): r.get("states", {}).get("entry", {}).get(GLOBAL_TORCH) for r in records
-        }
-        lines.append(
-            "The global torch RNG already differed across ranks when this audit began "
-            f"({_groups(entry)}): "
-            "run with RNGAUDIT=1 from process start to find where it diverged."
-        )
+    lines.extend(_origin(records))
     if mismatch is not None:
         lines.append(f"First unequal draw before it: {mismatch.details.get('first', '')}.")
     return Finding(

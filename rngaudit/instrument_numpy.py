@@ -32,7 +32,11 @@ class NumpyInstrumentation:
         self.rec = recorder
 
     def install(self) -> None:
-        import numpy.random as npr
+        import importlib
+
+        # importlib, not `import numpy.random as npr`: inside numpy's own lazy import of
+        # numpy.random (a post-import hook) the parent attribute is not bound yet.
+        npr = importlib.import_module("numpy.random")
 
         rec = self.rec
         glob = npr.mtrand._rand

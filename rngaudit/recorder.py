@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from rngaudit import callsite, fingerprint, naming
@@ -124,6 +125,17 @@ class Recorder:
         self.enabled = False
 
     # -- recording -------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Nothing is recorded inside (the auditor's own work on this thread)."""
+        local = self._local
+        was = getattr(local, "busy", False)
+        local.busy = True
+        try:
+            yield
+        finally:
+            local.busy = was
+
     def busy(self) -> bool:
         return bool(getattr(self._local, "busy", False))
 
@@ -230,6 +242,14 @@ class Recorder:
         return None
 
     # -- state snapshots -------------------------------------------------------------------
+    def initial_seeds(self) -> dict[str, int]:
+        """The seeds the global generators were last seeded with (read, never drawn)."""
+        seeds: dict[str, int] = {}
+        torch = sys.modules.get("torch")
+        if torch is not None and hasattr(torch, "initial_seed"):
+            seeds[naming.TORCH_DEFAULT] = int(torch.initial_seed())
+        return seeds
+
     def snapshot(self) -> dict[str, str | None]:
         """Fingerprints of the global generators (and named explicit ones), right now."""
         states: dict[str, str | None] = {}

@@ -1,0 +1,164 @@
+"""The whole-run audit behind ``RNGAUDIT``: one window from start-up to the first iteration."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import wrapt
+
+from rngaudit import config, session
+from rngaudit.audit import act
+from rngaudit.callsite import here
+from rngaudit.patching import PatchSet
+from rngaudit.recorder import RECORDER
+from rngaudit.report import AuditReport
+
+log = logging.getLogger("rngaudit")
+
+EXIT_TIMEOUT = 10.0  # at interpreter exit, ranks wait less for each other
+
+# (module, class, method, label) wrapped so ranks compare when prepare() returns.
+PREPARE_HOOKS = (
+    ("accelerate.accelerator", "Accelerator", "prepare", "Accelerator.prepare"),
+    ("accelerate.data_loader", None, "prepare_data_loader", "prepare_data_loader"),
+)
+# Where iteration begins: the window closes there.
+ITERATION_HOOKS = (
+    ("torch.utils.data.dataloader", "DataLoader", "__iter__"),
+    ("torchdata.stateful_dataloader.stateful_dataloader", "StatefulDataLoader", "__iter__"),
+)
+
+
+class RunAudit:
+    """Records from start-up; concludes an audit at the end of every ``prepare()`` and when
+    the first DataLoader iteration begins, then detaches from the hot paths."""
+
+    def __init__(self, settings: config.Settings) -> None:
+        self.settings = settings
+        self.pid = os.getpid()
+        self.session = session.for_dir(settings.report_dir, settings.mode)
+        self.patches = PatchSet()
+        self.window_open = False
+        self.index = 0
+        self.start_seq = 0
+        self.entry: dict[str, str | None] = {}
+        self.reports: list[AuditReport] = []
+        self._in_prepare = False
+        self.monitor: Any = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def arm(self) -> None:
+        self.index = self.session.reserve()
+        self.entry = RECORDER.snapshot()
+        self.start_seq = RECORDER.begin(self.index)
+        self.window_open = True
+        for module, cls, method, label in PREPARE_HOOKS:
+            wrapt.register_post_import_hook(self._hook(cls, method, self._prepare(label)), module)
+        for module, cls, method in ITERATION_HOOKS:
+            wrapt.register_post_import_hook(self._hook(cls, method, self._iteration), module)
+        wrapt.register_post_import_hook(self._install_monitor, "torch.utils.data.dataloader")
+
+    def _hook(self, cls: str | None, method: str, wrapper: Any) -> Callable[[Any], None]:
+        def hook(module: Any) -> None:
+            if not self.window_open or os.getpid() != self.pid:
+                return
+            owner = getattr(module, cls) if cls else module
+            self.patches.wrap(owner, method, wrapper)
+
+        return hook
+
+    def _install_monitor(self, module: Any) -> None:
+        if os.getpid() != self.pid or self.monitor is not None:
+            return
+        from rngaudit.workers import WorkerMonitor
+
+        self.monitor = WorkerMonitor(
+            self.session.add_finding, self.settings.mode, min(self.settings.timeout, 30.0)
+        )
+        self.monitor.install()
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def _prepare(self, label: str) -> Any:
+        def wrapper(
+            wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kw: dict[str, Any]
+        ) -> Any:
+            if not self.window_open or self._in_prepare or RECORDER.busy():
+                return wrapped(*args, **kw)
+            self._in_prepare = True
+            try:
+                result = wrapped(*args, **kw)
+            finally:
+                self._in_prepare = False
+            stack = here(1)
+            where = stack.user_site or stack.call_site
+            self.checkpoint(f"{label}() at {where.short()}" if where else f"{label}()")
+            return result
+
+        return wrapper
+
+    def _iteration(
+        self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kw: dict[str, Any]
+    ) -> Any:
+        if self.window_open and not RECORDER.busy() and os.getpid() == self.pid:
+            self.close_window("first DataLoader iteration")
+        return wrapped(*args, **kw)
+
+    def checkpoint(self, label: str, timeout: float | None = None, raising: bool = True) -> None:
+        """Conclude the audit segment recorded so far, start the next one, act on it."""
+        with RECORDER.paused():
+            events = RECORDER.events_since(self.start_seq, self.index)
+            exit_states = RECORDER.snapshot()
+            record = {
+                "pid": os.getpid(),
+                "host": session.host(),
+                "label": label,
+                "events": events,
+                "states": {"entry": self.entry, "exit": exit_states},
+                "initial_seeds": RECORDER.initial_seeds(),
+                "from_start": True,
+                "exception": None,
+            }
+            report = self.session.conclude(
+                self.index, label, record, timeout or self.settings.timeout
+            )
+            self.reports.append(report)
+            self.index = self.session.reserve()
+            RECORDER.audit_index = self.index
+            self.start_seq = RECORDER.log.next_seq()
+            self.entry = exit_states
+        if raising:
+            act(report, self.settings.mode)
+
+    def close_window(self, label: str) -> None:
+        """Compare once more, then detach from every hot path (the worker check stays)."""
+        self.window_open = False
+        try:
+            self.checkpoint(label)
+        finally:
+            RECORDER.end()
+            self.patches.undo()
+
+    def at_exit(self) -> None:
+        """Leave a report also for runs that never prepared nor iterated."""
+        if os.getpid() != self.pid or not self.window_open:
+            return
+        self.window_open = False
+        try:
+            self.checkpoint(
+                "process exit", timeout=min(self.settings.timeout, EXIT_TIMEOUT), raising=False
+            )
+            report = self.reports[-1]
+            if report.verdict != "ok":
+                sys.stderr.write(
+                    f"rngaudit: {report.verdict} at process exit; see "
+                    f"{self.session.report_dir}/report.json\n"
+                )
+        except Exception as exc:
+            sys.stderr.write(f"rngaudit: could not write the report at exit: {exc!r}\n")
+        finally:
+            RECORDER.end()
+            self.patches.undo()

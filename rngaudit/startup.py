@@ -1,0 +1,72 @@
+"""``RNGAUDIT=1``: arm the audit at interpreter start, compare at the end of every ``prepare()``."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from rngaudit import config
+
+log = logging.getLogger("rngaudit")
+_started = False
+_lock = threading.Lock()
+CONTROLLER: Any = None
+
+
+def _is_launcher() -> bool:
+    """The torchrun launcher inherits RNGAUDIT but is not a rank: it must stay out."""
+    argv = list(getattr(sys, "orig_argv", sys.argv))
+    if any(os.path.basename(a) in ("torchrun",) for a in argv[:2]):
+        return True
+    for i, arg in enumerate(argv[:-1]):
+        if arg == "-m" and argv[i + 1] in ("torch.distributed.run", "torch.distributed.launch"):
+            return True
+    return False
+
+
+def _is_child() -> bool:
+    """A process started by an audited one (spawned DataLoader worker, helper process)."""
+    if "--multiprocessing-fork" in sys.argv:
+        return True
+    owner = os.environ.get(config.ENV_OWNER)
+    return owner is not None and owner != str(os.getpid())
+
+
+def process_startup(environ: dict[str, str] | None = None) -> Any:
+    """Called by the ``.pth`` hook when ``RNGAUDIT`` is set. Idempotent; never raises.
+
+    Returns the controller, or None when the process runs unaudited.
+    """
+    global _started, CONTROLLER
+    with _lock:
+        if _started:
+            return CONTROLLER
+        _started = True
+    env = os.environ if environ is None else environ
+    try:
+        mode = config.env_mode(env.get(config.ENV_MODE))
+        if mode is None or _is_launcher() or _is_child():
+            return None
+        settings = config.resolve(mode=mode, environ=env)
+    except Exception as exc:  # a typo must never stop Python from starting
+        sys.stderr.write(f"rngaudit: {exc}; running unaudited\n")
+        return None
+    try:
+        from rngaudit.run_audit import RunAudit
+
+        os.environ[config.ENV_OWNER] = str(os.getpid())
+        CONTROLLER = RunAudit(settings)
+        CONTROLLER.arm()
+        atexit.register(CONTROLLER.at_exit)
+    except Exception as exc:
+        sys.stderr.write(f"rngaudit: could not start ({exc!r}); running unaudited\n")
+        return None
+    return CONTROLLER
+
+
+Callback = Callable[[], None]
