@@ -197,6 +197,7 @@ class Recorder:
             sampler.chain if sampler else None,
             phase,
             thread.ident,
+            thread.name,
         )
         if self.log.bump(key):
             return None

@@ -1,0 +1,40 @@
+"""Cross-rank exchange with real processes: JSON through the store, bounded waits."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import torchrun
+from rngaudit import exchange
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_records_cross_as_json_not_pickle() -> None:
+    record = {"rank": 0, "events": [{"op": "aten.rand", "count": 2}]}
+    payload = exchange.encode(record)
+    assert exchange.decode(payload) == record
+    with pytest.raises(ValueError):
+        exchange.decode(exchange.encode([1]))  # type: ignore[arg-type]
+
+
+def test_single_process_exchange_is_local() -> None:
+    result = exchange.exchange({"rank": 0}, "k", timeout=1)
+    assert (result.world_size, result.missing, len(result.records)) == (1, [], 1)
+
+
+def test_a_rank_that_never_arrives_is_named_and_nobody_hangs(tmp_path: Path) -> None:
+    proc = torchrun("tests/distributed/exchange_timeout.py", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "result-0.json").read_text())
+    assert result["raised"] == "RNGAuditTimeoutError"
+    assert result["missing"] == [1]
+    assert "Rank(s) 1 did not arrive" in result["message"]
+    assert result["kinds"] == ["rank-missing"]
+    assert 3 <= result["elapsed"] < 8
+    merged = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert merged["verdict"] == "error"
+    assert [f["kind"] for f in merged["findings"]] == ["rank-missing"]

@@ -1,0 +1,202 @@
+"""The recording engine: every draw attributed to its file, line and generator."""
+
+from __future__ import annotations
+
+import inspect
+import random
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import rngaudit
+
+HERE = __file__
+
+
+def line_of(marker: str) -> int:
+    """The line of this file that carries ``# <marker>``."""
+    for number, text in enumerate(Path(HERE).read_text().splitlines(), start=1):
+        if text.rstrip().endswith(f"# {marker}"):
+            return number
+    raise AssertionError(marker)
+
+
+def events_of(a: rngaudit.Audit) -> list[dict[str, Any]]:
+    assert a.report is not None
+    return list(a.report.ranks[0]["events"])
+
+
+def find(events: list[dict[str, Any]], op: str, line: int) -> dict[str, Any]:
+    for e in events:
+        cs = e["call_site"] or {}
+        if e["op"] == op and cs.get("line") == line and cs.get("file") == HERE:
+            return e
+    raise AssertionError(f"no {op} at line {line}: {[(e['op'], e['call_site']) for e in events]}")
+
+
+def test_draws_on_known_lines_have_their_files_lines_and_generators(report_dir: Path) -> None:
+    with rngaudit.audit(report_dir=report_dir) as a:
+        torch.manual_seed(3)  # seed-torch
+        torch.rand(4)  # draw-torch
+        g = torch.Generator().manual_seed(5)
+        torch.randperm(10, generator=g)  # draw-generator
+        random.random()  # draw-random
+        random.Random(7).randint(0, 9)  # draw-random-instance
+        np.random.rand(2)  # draw-numpy
+        np.random.seed(1)  # seed-numpy
+        rng = np.random.default_rng(0)  # create-numpy
+        rng.random()
+    events = events_of(a)
+    assert find(events, "torch.manual_seed", line_of("seed-torch"))["generator"] == (
+        "torch.default_generator"
+    )
+    e = find(events, "aten.rand", line_of("draw-torch"))
+    assert e["generator"] == "torch.default_generator" and e["kind"] == "draw"
+    assert find(events, "aten.randperm", line_of("draw-generator"))["generator"].startswith(
+        "torch.Generator#1"
+    )
+    assert find(events, "random.random", line_of("draw-random"))["generator"] == "random (global)"
+    assert find(events, "random.randint", line_of("draw-random-instance"))["generator"].startswith(
+        "random.Random#"
+    )
+    assert find(events, "numpy.random.rand", line_of("draw-numpy"))["generator"] == (
+        "numpy.random (global)"
+    )
+    assert find(events, "numpy.random.seed", line_of("seed-numpy"))["kind"] == "seed"
+    created = find(events, "numpy.random.default_rng", line_of("create-numpy"))
+    assert created["generator"].startswith("numpy.Generator#1 (PCG64)")
+    for e in events:
+        assert e["fingerprint"] is None or len(e["fingerprint"]) == 8
+        assert e["phase"] == "pre-iteration"
+
+
+def test_library_draws_name_the_library_line_and_the_users_line(report_dir: Path) -> None:
+    with rngaudit.audit(report_dir=report_dir) as a:
+        layer = torch.nn.Linear(8, 8)  # init-linear
+        torch.nn.functional.dropout(torch.ones(8), 0.5)  # dropout
+        torch.utils.data.random_split(range(10), [5, 5])  # random-split
+    events = events_of(a)
+    init = [e for e in events if e["user_call_site"]["line"] == line_of("init-linear")]
+    assert init and all(e["call_site"]["file"].endswith("torch/nn/init.py") for e in init)
+    assert {e["op"] for e in init} == {"aten.uniform_"}
+    assert init[0]["chain"][-1] == init[0]["user_call_site"]
+    drop = [e for e in events if e["user_call_site"]["line"] == line_of("dropout")]
+    assert drop and drop[0]["op"] == "aten.bernoulli_"
+    split = [e for e in events if e["user_call_site"]["line"] == line_of("random-split")]
+    assert split and split[0]["op"] == "aten.randperm"
+    assert split[0]["call_site"]["file"].endswith("torch/utils/data/dataset.py")
+    del layer
+
+
+def test_repeated_draws_from_one_site_are_aggregated(report_dir: Path) -> None:
+    with rngaudit.audit(report_dir=report_dir) as a:
+        for _ in range(500):
+            torch.rand(1)  # loop-draw
+        model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(200)])
+    events = events_of(a)
+    assert find(events, "aten.rand", line_of("loop-draw"))["count"] == 500
+    assert len(events) < 20  # 400 parameter draws collapse onto a few call sites
+    del model
+
+
+def test_sampler_draws_inside_a_stateful_loader_are_attributed(report_dir: Path) -> None:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    data = torch.utils.data.TensorDataset(torch.arange(32))
+    loader = StatefulDataLoader(data, batch_size=4, shuffle=False, num_workers=1,
+                                sampler=torch.utils.data.RandomSampler(data))
+    with rngaudit.audit(report_dir=report_dir) as a:
+        loader.state_dict()  # state-dict
+    events = events_of(a)
+    sampler = [e for e in events if e["sampler"]]
+    assert sampler, events
+    assert sampler[0]["sampler"]["chain"].endswith("RandomSampler")
+    assert sampler[0]["sampler"]["loader"].startswith("StatefulDataLoader#")
+    assert sampler[0]["user_call_site"]["line"] == line_of("state-dict")
+    files = [c["file"] for c in sampler[0]["chain"]]
+    assert any(f.endswith("torch/utils/data/sampler.py") for f in files)
+    assert any("stateful_dataloader" in f for f in files)
+    assert all(e["phase"] == "pre-iteration" for e in sampler)
+    del loader
+
+
+def test_draws_from_other_threads_are_recorded_with_their_thread(report_dir: Path) -> None:
+    def work() -> None:
+        for _ in range(50):
+            random.random()  # thread-draw
+
+    with rngaudit.audit(report_dir=report_dir) as a:
+        threads = [threading.Thread(target=work, name=f"worker-{i}") for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    events = [e for e in events_of(a) if e["call_site"]["line"] == line_of("thread-draw")]
+    assert {e["thread"] for e in events} == {"worker-0", "worker-1", "worker-2"}
+    assert sum(e["count"] for e in events) == 150
+
+
+def test_stdlib_private_generators_are_not_recorded(report_dir: Path) -> None:
+    import tempfile
+
+    with rngaudit.audit(report_dir=report_dir) as a:
+        with tempfile.NamedTemporaryFile():
+            pass
+    assert not [e for e in events_of(a) if e["generator"].startswith("random.Random")]
+
+
+def test_nested_audits_each_get_their_own_window(report_dir: Path) -> None:
+    with rngaudit.audit(report_dir=report_dir) as outer:
+        torch.rand(1)  # outer-draw
+        with rngaudit.audit(report_dir=report_dir) as inner:
+            torch.rand(2)  # inner-draw
+    inner_lines = {e["call_site"]["line"] for e in events_of(inner)}
+    outer_lines = {e["call_site"]["line"] for e in events_of(outer)}
+    assert inner_lines == {line_of("inner-draw")}
+    assert {line_of("outer-draw"), line_of("inner-draw")} <= outer_lines
+
+
+def test_audit_works_as_a_decorator(report_dir: Path) -> None:
+    @rngaudit.audit(report_dir=report_dir, mode="report")
+    def build() -> torch.Tensor:
+        return torch.rand(3)
+
+    assert build().shape == (3,)
+    assert build().shape == (3,)  # a decorator opens a fresh window per call
+    assert (report_dir / "report.json").exists()
+
+
+def test_every_audit_writes_its_report(report_dir: Path) -> None:
+    import json
+
+    with rngaudit.audit(report_dir=report_dir) as a:
+        torch.rand(1)
+    assert a.report is not None and a.report.verdict == "ok"
+    merged = json.loads((report_dir / "report.json").read_text())
+    assert merged["schema_version"] == 1 and merged["world_size"] == 1
+    assert {"verdict", "findings", "ranks"} <= set(merged)
+    assert merged["ranks"][0]["rank"] == 0 and merged["ranks"][0]["events"]
+    event = merged["ranks"][0]["events"][0]
+    assert {"generator", "op", "call_site"} <= set(event)
+    assert set(event["call_site"]) == {"file", "line", "function"}
+    assert json.loads((report_dir / "rank-0.json").read_text())["rank"] == 0
+
+
+def test_bad_arguments_raise_one_clear_error() -> None:
+    with pytest.raises(rngaudit.RNGAuditError, match="mode="):
+        rngaudit.audit(mode="loud")
+    with pytest.raises(rngaudit.RNGAuditError, match="timeout"):
+        rngaudit.audit(timeout=-1)
+
+
+def test_public_api_is_exported() -> None:
+    params = inspect.signature(rngaudit.audit).parameters
+    assert list(params) == ["mode", "report_dir", "timeout", "strict"]
+    assert params["mode"].default == "raise"
+    assert issubclass(rngaudit.RNGDivergenceError, rngaudit.RNGAuditError)
+    assert issubclass(rngaudit.RNGAuditTimeoutError, rngaudit.RNGAuditError)
+    assert issubclass(rngaudit.RNGAuditWarning, UserWarning)
