@@ -127,7 +127,7 @@ def act(report: AuditReport, mode: str, strict: bool = False) -> None:
         raise _error_for(failing, report)
     if mode in ("raise", "warn"):
         for finding in report.findings:
-            if finding.severity in ("warning", "error") and finding not in failing:
+            if finding.severity in ("warning", "error"):
                 warnings.warn(_format(finding), RNGAuditWarning, stacklevel=3)
 
 

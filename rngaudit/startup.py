@@ -18,15 +18,18 @@ _lock = threading.Lock()
 CONTROLLER: Any = None
 
 
+# Processes that inherit RNGAUDIT but are not training ranks: the torchrun launcher, and
+# rngaudit's own command line (which reads reports and must never write one).
+LAUNCHERS = ("torchrun", "rngaudit")
+LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch", "rngaudit")
+
+
 def _is_launcher() -> bool:
-    """The torchrun launcher inherits RNGAUDIT but is not a rank: it must stay out."""
+    """A launcher (torchrun, ``rngaudit run``) inherits RNGAUDIT but is not a rank."""
     argv = list(getattr(sys, "orig_argv", sys.argv))
-    if any(os.path.basename(a) in ("torchrun",) for a in argv[:2]):
+    if any(os.path.basename(a) in LAUNCHERS for a in argv[:2]):
         return True
-    for i, arg in enumerate(argv[:-1]):
-        if arg == "-m" and argv[i + 1] in ("torch.distributed.run", "torch.distributed.launch"):
-            return True
-    return False
+    return any(a == "-m" and argv[i + 1] in LAUNCHER_MODULES for i, a in enumerate(argv[:-1]))
 
 
 def _is_child() -> bool:

@@ -18,7 +18,10 @@ def report_dir(tmp_path: Path) -> Path:
 
 
 def run_python(
-    args: list[str], env: dict[str, str] | None = None, timeout: float = 240, cwd: Path | None = None
+    args: list[str],
+    env: dict[str, str] | None = None,
+    timeout: float = 240,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run the venv's Python with ``args`` and a clean, deterministic environment."""
     full = {k: v for k, v in os.environ.items() if not k.startswith("RNGAUDIT")}
@@ -36,7 +39,9 @@ def run_python(
     )
 
 
-def torchrun(script: str, *args: str, nproc: int = 2, **kw: object) -> subprocess.CompletedProcess[str]:
+def torchrun(
+    script: str, *args: str, nproc: int = 2, **kw: object
+) -> subprocess.CompletedProcess[str]:
     return run_python(
         ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", script, *args],
         **kw,  # type: ignore[arg-type]

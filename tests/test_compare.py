@@ -17,23 +17,51 @@ ACCEL_SITE = site("/venv/site-packages/accelerate/data_loader.py", 1250, "prepar
 USER = site("/work/train.py", 14, "<module>")
 
 
-def event(seq: int, generator: str, op: str, cs: dict[str, Any], fp: str, *,
-          sampler: bool = False, count: int = 1, phase: str = "pre-iteration") -> dict[str, Any]:
+def event(
+    seq: int,
+    generator: str,
+    op: str,
+    cs: dict[str, Any],
+    fp: str,
+    *,
+    sampler: bool = False,
+    count: int = 1,
+    phase: str = "pre-iteration",
+) -> dict[str, Any]:
     return {
-        "seq": seq, "audit": 0, "generator": generator, "op": op, "kind": "draw",
-        "call_site": cs, "chain": [cs, USER], "user_call_site": USER, "count": count,
-        "fingerprint": fp, "thread": "MainThread", "pid": 1, "phase": phase,
-        "sampler": {"chain": "BatchSamplerShard > BatchSampler > RandomSampler",
-                    "loader": "StatefulDataLoader#1", "output_digest": fp} if sampler else None,
+        "seq": seq,
+        "audit": 0,
+        "generator": generator,
+        "op": op,
+        "kind": "draw",
+        "call_site": cs,
+        "chain": [cs, USER],
+        "user_call_site": USER,
+        "count": count,
+        "fingerprint": fp,
+        "thread": "MainThread",
+        "pid": 1,
+        "phase": phase,
+        "sampler": {
+            "chain": "BatchSamplerShard > BatchSampler > RandomSampler",
+            "loader": "StatefulDataLoader#1",
+            "output_digest": fp,
+        }
+        if sampler
+        else None,
     }
 
 
-def record(rank: int, events: list[dict[str, Any]], entry: str = "e", exit_: str = "x",
-           seed: int = 1) -> dict[str, Any]:
+def record(
+    rank: int, events: list[dict[str, Any]], entry: str = "e", exit_: str = "x", seed: int = 1
+) -> dict[str, Any]:
     return {
-        "rank": rank, "events": events,
-        "states": {"entry": {"torch.default_generator": entry},
-                   "exit": {"torch.default_generator": exit_}},
+        "rank": rank,
+        "events": events,
+        "states": {
+            "entry": {"torch.default_generator": entry},
+            "exit": {"torch.default_generator": exit_},
+        },
         "initial_seeds": {"torch.default_generator": seed},
     }
 
@@ -43,18 +71,36 @@ def kinds(findings: list[Any]) -> set[tuple[str, str]]:
 
 
 def test_identical_ranks_have_no_findings() -> None:
-    evs = [event(1, "torch.default_generator", "aten.random_", ACCEL_SITE, "aa"),
-           event(2, "torch.Generator#1", "aten.randperm", SAMPLER_SITE, "bb", sampler=True)]
+    evs = [
+        event(1, "torch.default_generator", "aten.random_", ACCEL_SITE, "aa"),
+        event(2, "torch.Generator#1", "aten.randperm", SAMPLER_SITE, "bb", sampler=True),
+    ]
     assert compare([record(0, evs), record(1, evs)], 2, []) == []
 
 
 def test_sampler_draw_from_differing_state_is_an_error_naming_everything() -> None:
-    r0 = [event(1, "torch.default_generator", "aten.random_", ACCEL_SITE, "a0"),
-          event(2, "torch.Generator#1 (RandomSampler.generator)", "aten.randperm", SAMPLER_SITE,
-                "b0", sampler=True)]
-    r1 = [event(1, "torch.default_generator", "aten.random_", ACCEL_SITE, "a1"),
-          event(2, "torch.Generator#1 (RandomSampler.generator)", "aten.randperm", SAMPLER_SITE,
-                "b1", sampler=True)]
+    r0 = [
+        event(1, "torch.default_generator", "aten.random_", ACCEL_SITE, "a0"),
+        event(
+            2,
+            "torch.Generator#1 (RandomSampler.generator)",
+            "aten.randperm",
+            SAMPLER_SITE,
+            "b0",
+            sampler=True,
+        ),
+    ]
+    r1 = [
+        event(1, "torch.default_generator", "aten.random_", ACCEL_SITE, "a1"),
+        event(
+            2,
+            "torch.Generator#1 (RandomSampler.generator)",
+            "aten.randperm",
+            SAMPLER_SITE,
+            "b1",
+            sampler=True,
+        ),
+    ]
     found = compare([record(0, r0, "e0", "x0", 11), record(1, r1, "e1", "x1", 22)], 2, [])
     errors = [f for f in found if f.severity == "error"]
     assert [f.kind for f in errors] == ["sampler-draw-divergence"]
@@ -62,9 +108,16 @@ def test_sampler_draw_from_differing_state_is_an_error_naming_everything() -> No
     assert f.ranks == [0, 1]
     assert f.generator == "torch.Generator#1 (RandomSampler.generator)"
     assert f.call_site == SAMPLER_SITE and f.user_call_site == USER
-    for needle in ("BatchSamplerShard > BatchSampler > RandomSampler", "StatefulDataLoader#1",
-                   "rank 0: b0", "rank 1: b1", "train.py:14", "sampler.py:182",
-                   "duplicates some samples and drops others", "seeds differ"):
+    for needle in (
+        "BatchSamplerShard > BatchSampler > RandomSampler",
+        "StatefulDataLoader#1",
+        "rank 0: b0",
+        "rank 1: b1",
+        "train.py:14",
+        "sampler.py:182",
+        "duplicates some samples and drops others",
+        "seeds differ",
+    ):
         assert needle in f.message, needle
     assert f.remedy and "set_seed" in f.remedy and "generator=" in f.remedy
     # the accelerate seeding draw differs too, but it is not a sampler draw: no error for it
@@ -82,17 +135,37 @@ def test_divergent_non_sampler_draw_is_not_an_error() -> None:
 
 
 def test_sampler_draws_during_iteration_are_not_pre_iteration_errors() -> None:
-    r0 = [event(1, "torch.Generator#1", "aten.randperm", SAMPLER_SITE, "b0", sampler=True,
-                phase="iteration")]
-    r1 = [event(1, "torch.Generator#1", "aten.randperm", SAMPLER_SITE, "b1", sampler=True,
-                phase="iteration")]
+    r0 = [
+        event(
+            1,
+            "torch.Generator#1",
+            "aten.randperm",
+            SAMPLER_SITE,
+            "b0",
+            sampler=True,
+            phase="iteration",
+        )
+    ]
+    r1 = [
+        event(
+            1,
+            "torch.Generator#1",
+            "aten.randperm",
+            SAMPLER_SITE,
+            "b1",
+            sampler=True,
+            phase="iteration",
+        )
+    ]
     assert compare([record(0, r0), record(1, r1)], 2, []) == []
 
 
 def test_extra_draw_on_one_rank_is_a_consumption_mismatch() -> None:
     stray = site("/work/train.py", 9, "<module>")
-    r0 = [event(1, "torch.default_generator", "aten.rand", stray, "aa"),
-          event(2, "torch.default_generator", "aten.random_", ACCEL_SITE, "bb")]
+    r0 = [
+        event(1, "torch.default_generator", "aten.rand", stray, "aa"),
+        event(2, "torch.default_generator", "aten.random_", ACCEL_SITE, "bb"),
+    ]
     r1 = [event(1, "torch.default_generator", "aten.random_", ACCEL_SITE, "aa")]
     found = compare([record(0, r0, "e", "x0"), record(1, r1, "e", "x1")], 2, [])
     mismatch = [f for f in found if f.kind == "consumption-mismatch"]

@@ -25,8 +25,15 @@ def test_environment_then_arguments() -> None:
 
 @pytest.mark.parametrize(
     ("value", "mode"),
-    [(None, None), ("", None), ("0", None), ("1", "raise"), ("raise", "raise"),
-     ("warn", "warn"), ("REPORT", "report")],
+    [
+        (None, None),
+        ("", None),
+        ("0", None),
+        ("1", "raise"),
+        ("raise", "raise"),
+        ("warn", "warn"),
+        ("REPORT", "report"),
+    ],
 )
 def test_env_mode_values(value: str | None, mode: str | None) -> None:
     assert config.env_mode(value) == mode

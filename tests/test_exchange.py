@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import torchrun
+
 from rngaudit import exchange
 
 pytestmark = pytest.mark.timeout(300)

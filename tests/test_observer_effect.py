@@ -95,8 +95,15 @@ def _patched_surface() -> dict[str, Any]:
 
     surface: dict[str, Any] = {}
     for mod in (torch, torch.random, torch.cuda):
-        for name in ("manual_seed", "seed", "set_rng_state", "fork_rng", "manual_seed_all",
-                     "seed_all", "set_rng_state_all"):
+        for name in (
+            "manual_seed",
+            "seed",
+            "set_rng_state",
+            "fork_rng",
+            "manual_seed_all",
+            "seed_all",
+            "set_rng_state_all",
+        ):
             if hasattr(mod, name):
                 surface[f"{mod.__name__}.{name}"] = getattr(mod, name)
     for name in (*PY_DRAWS, "seed", "setstate"):
@@ -134,10 +141,9 @@ class Boom(Exception):
 def test_originals_are_restored_and_the_exception_propagates_unchanged(report_dir: Path) -> None:
     before = _patched_surface()
     boom = Boom("user error")
-    with pytest.raises(Boom) as caught:
-        with rngaudit.audit(report_dir=report_dir) as a:
-            torch.rand(1)
-            raise boom
+    with pytest.raises(Boom) as caught, rngaudit.audit(report_dir=report_dir) as a:
+        torch.rand(1)
+        raise boom
     assert caught.value is boom
     _assert_restored(before)
     assert a.report is not None  # the report is still written
@@ -156,6 +162,5 @@ def test_originals_are_restored_after_nested_use(report_dir: Path) -> None:
 
 def test_an_audit_object_cannot_be_entered_twice(report_dir: Path) -> None:
     a = rngaudit.audit(report_dir=report_dir)
-    with a:
-        with pytest.raises(rngaudit.RNGAuditError):
-            a.__enter__()
+    with a, pytest.raises(rngaudit.RNGAuditError):
+        a.__enter__()

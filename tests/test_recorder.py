@@ -107,8 +107,13 @@ def test_sampler_draws_inside_a_stateful_loader_are_attributed(report_dir: Path)
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     data = torch.utils.data.TensorDataset(torch.arange(32))
-    loader = StatefulDataLoader(data, batch_size=4, shuffle=False, num_workers=1,
-                                sampler=torch.utils.data.RandomSampler(data))
+    loader = StatefulDataLoader(
+        data,
+        batch_size=4,
+        shuffle=False,
+        num_workers=1,
+        sampler=torch.utils.data.RandomSampler(data),
+    )
     with rngaudit.audit(report_dir=report_dir) as a:
         loader.state_dict()  # state-dict
     events = events_of(a)
@@ -143,9 +148,8 @@ def test_draws_from_other_threads_are_recorded_with_their_thread(report_dir: Pat
 def test_stdlib_private_generators_are_not_recorded(report_dir: Path) -> None:
     import tempfile
 
-    with rngaudit.audit(report_dir=report_dir) as a:
-        with tempfile.NamedTemporaryFile():
-            pass
+    with rngaudit.audit(report_dir=report_dir) as a, tempfile.NamedTemporaryFile():
+        pass
     assert not [e for e in events_of(a) if e["generator"].startswith("random.Random")]
 
 

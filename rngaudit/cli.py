@@ -1,0 +1,185 @@
+"""Command-line interface: ``rngaudit report`` and ``rngaudit run``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from rngaudit import __version__
+from rngaudit.config import DEFAULT_REPORT_DIR, ENV_MODE, ENV_REPORT_DIR, ENV_TIMEOUT, MODES
+from rngaudit.errors import ConfigError, ReportError, RNGAuditError
+from rngaudit.render import render_json, render_markdown, render_summary, render_text
+from rngaudit.report import AuditReport
+from rngaudit.report_load import find_report_files, load_report_dir
+
+OK, FINDINGS, UNUSABLE = 0, 1, 2  # exit statuses
+
+RENDERERS: dict[str, Callable[[AuditReport], str]] = {
+    "text": render_text,
+    "markdown": render_markdown,
+    "json": render_json,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``rngaudit`` command; returns the exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        status: int = args.func(args)
+    except RNGAuditError as exc:
+        _error(str(exc))
+        return UNUSABLE
+    return status
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rngaudit",
+        description="Audit where PyTorch training draws its randomness, and report it.",
+    )
+    parser.add_argument("--version", action="version", version=f"rngaudit {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    report = commands.add_parser(
+        "report",
+        help="show the report in a report directory",
+        description=(
+            "Show the audit report in DIR: report.json, or the rank-<R>.json files merged. "
+            "Exit status: 0 no error findings, 1 error findings (or warnings with "
+            "--fail-on warning), 2 unusable input."
+        ),
+    )
+    report.add_argument(
+        "dir",
+        nargs="?",
+        metavar="DIR",
+        help=f"report directory (default: ${ENV_REPORT_DIR} or ./{DEFAULT_REPORT_DIR})",
+    )
+    report.add_argument("--format", choices=tuple(RENDERERS), default="text")
+    _add_fail_on(report)
+    report.set_defaults(func=_report)
+
+    run = commands.add_parser(
+        "run",
+        help="run a command under the audit, then summarise its report",
+        description=(
+            f"Run CMD with {ENV_MODE}=<mode> and {ENV_REPORT_DIR}=<dir> set, then summarise "
+            "the report it wrote. Exit status: CMD's when it fails, else 0 no error findings, "
+            "1 error findings, 2 no usable report."
+        ),
+        usage="%(prog)s [-h] [--mode {raise,warn,report}] [--report-dir D] [--timeout S] "
+        "[--fail-on {error,warning}] -- CMD ...",
+    )
+    run.add_argument(
+        "--mode", choices=MODES, default="raise", help="what the audit does on an error finding"
+    )
+    run.add_argument(
+        "--report-dir",
+        metavar="D",
+        help=f"where ranks write their reports (default: ${ENV_REPORT_DIR} or "
+        f"./{DEFAULT_REPORT_DIR})",
+    )
+    run.add_argument(
+        "--timeout",
+        metavar="S",
+        type=_positive_seconds,
+        help=f"seconds ranks wait for each other (sets {ENV_TIMEOUT})",
+    )
+    _add_fail_on(run)
+    run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD", help="the command to run")
+    run.set_defaults(func=_run)
+    return parser
+
+
+def _add_fail_on(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--fail-on",
+        choices=("error", "warning"),
+        default="error",
+        help="the lowest severity that makes the exit status 1 (default: error)",
+    )
+
+
+def _positive_seconds(text: str) -> str:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, not {text!r}")
+    return text
+
+
+def _report(args: argparse.Namespace) -> int:
+    report = load_report_dir(_report_dir(args.dir))
+    sys.stdout.write(RENDERERS[args.format](report))
+    return _status(report, args.fail_on)
+
+
+def _run(args: argparse.Namespace) -> int:
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        raise ConfigError("run needs a command after '--', e.g. rngaudit run -- python train.py")
+    directory = Path(_report_dir(args.report_dir)).absolute()
+    if directory.exists() and not directory.is_dir():
+        raise ReportError(f"report directory is not a directory: {directory}")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        for stale in find_report_files(directory):
+            stale.unlink()
+    except OSError as exc:
+        raise ReportError(f"cannot prepare report directory {directory}: {exc}") from None
+
+    env = dict(os.environ)
+    env[ENV_MODE] = args.mode
+    env[ENV_REPORT_DIR] = str(directory)
+    if args.timeout is not None:
+        env[ENV_TIMEOUT] = args.timeout
+    try:
+        returncode = subprocess.run(cmd, env=env, check=False).returncode
+    except FileNotFoundError:
+        raise ConfigError(f"cannot run {cmd[0]!r}: command not found") from None
+    except PermissionError:
+        raise ConfigError(f"cannot run {cmd[0]!r}: permission denied") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot run {cmd[0]!r}: {exc.strerror or exc}") from None
+    except KeyboardInterrupt:
+        return 130
+    if returncode < 0:  # killed by a signal: report it the way a shell does
+        returncode = 128 - returncode
+
+    if not find_report_files(directory):
+        if returncode:
+            _error(f"no report was written to {directory}", note=True)
+            return returncode
+        raise ReportError(
+            f"no report was written to {directory}: did the command run Python with rngaudit "
+            "installed, and start an audit?"
+        )
+    try:
+        report = load_report_dir(directory)
+    except ReportError as exc:
+        if returncode:
+            _error(str(exc), note=True)
+            return returncode
+        raise
+    sys.stderr.write(render_summary(report))
+    sys.stderr.write(f"rngaudit: full report: rngaudit report {directory}\n")
+    return returncode or _status(report, args.fail_on)
+
+
+def _report_dir(given: str | None) -> str:
+    return given or os.environ.get(ENV_REPORT_DIR) or DEFAULT_REPORT_DIR
+
+
+def _status(report: AuditReport, fail_on: str) -> int:
+    failing = ("error",) if fail_on == "error" else ("error", "warning")
+    return FINDINGS if report.verdict in failing else OK
+
+
+def _error(message: str, *, note: bool = False) -> None:
+    sys.stderr.write(f"rngaudit: {'' if note else 'error: '}{message}\n")

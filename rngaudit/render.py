@@ -1,0 +1,388 @@
+"""Rendering an audit report as text, Markdown or JSON, and as a short summary."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Any
+
+from rngaudit.findings import Finding
+from rngaudit.report import AuditReport
+
+WIDTH = 100
+MAX_TIMELINE_ROWS = 60
+
+_MIN_COLUMN = 28
+_GAP = "  "
+_PREFIX = 8  # ">> " marker, position right-aligned in 3, two spaces
+_LABEL = 12  # "user code:" and friends, padded
+_INDENT = "    "
+_PACKAGE_DIRS = ("site-packages/", "dist-packages/")
+
+Event = dict[str, Any]
+
+
+def render_json(report: AuditReport) -> str:
+    """The report as ``report.json`` holds it (``AuditReport.to_dict()``), indented."""
+    return json.dumps(report.to_dict(), indent=2) + "\n"
+
+
+def render_text(report: AuditReport, *, width: int = WIDTH) -> str:
+    """Verdict, findings, then each audit's pre-iteration draws side by side per rank."""
+    lines = [f"rngaudit: {report.verdict.upper()} ({_run_line(report)})"]
+    if len(report.audits) > 1:
+        lines.append("audits: " + ", ".join(_audit_name(a) for a in report.audits))
+    lines.append(_counts(report.findings).capitalize() + ".")
+    for finding in report.findings:
+        lines += ["", *_text_finding(report, finding, width)]
+    for timeline in _timelines(report):
+        lines += ["", *_text_timeline(timeline, width)]
+    return "\n".join(line.rstrip() for line in lines) + "\n"
+
+
+def render_markdown(report: AuditReport) -> str:
+    """The text report's content as Markdown: lists for findings, tables for timelines."""
+    lines = [
+        f"# rngaudit report: {report.verdict.upper()}",
+        "",
+        f"- Run: `{report.run_id}`",
+        f"- World size: {report.world_size}",
+        f"- Mode: {report.mode}",
+    ]
+    if len(report.audits) > 1:
+        lines.append("- Audits: " + ", ".join(_audit_name(a) for a in report.audits))
+    lines.append(f"- {_counts(report.findings).capitalize()}")
+    if report.findings:
+        lines += ["", "## Findings"]
+    for number, finding in enumerate(report.findings, 1):
+        lines += ["", *_markdown_finding(report, finding, number)]
+    for timeline in _timelines(report):
+        lines += ["", *_markdown_timeline(timeline)]
+    return "\n".join(lines) + "\n"
+
+
+def render_summary(report: AuditReport, *, width: int = WIDTH) -> str:
+    """A few lines for the end of ``rngaudit run``: the verdict and one line per finding."""
+    lines = [f"rngaudit: {report.verdict.upper()}, {_counts(report.findings)}; {_run_line(report)}"]
+    for finding in report.findings:
+        line = f"rngaudit:   {finding.severity} {finding.kind}: {finding.message}"
+        lines.append(_fit(line, width))
+    return "\n".join(lines) + "\n"
+
+
+def short_path(file: str) -> str:
+    """``torch/utils/data/sampler.py`` for installed packages, the base name for user files."""
+    posix = file.replace("\\", "/")
+    for marker in _PACKAGE_DIRS:
+        if marker in posix:
+            return posix.rsplit(marker, 1)[1]
+    if posix.startswith("<"):  # <string>, <frozen runpy>, <stdin>
+        return posix
+    return PurePosixPath(posix).name or posix
+
+
+def format_site(site: dict[str, Any] | None, *, function: bool = True) -> str:
+    """A call site as ``file:line in function`` with the file shortened; ``""`` for none."""
+    if not site:
+        return ""
+    text = f"{short_path(str(site.get('file', '?')))}:{site.get('line', '?')}"
+    if function and site.get("function"):
+        text += f" in {site['function']}"
+    return text
+
+
+def format_ranks(ranks: list[int]) -> str:
+    """``0-3, 5, 6``: sorted, with runs of three or more consecutive ranks as ranges."""
+    parts: list[str] = []
+    ordered = sorted(set(ranks))
+    start = 0
+    for i, rank in enumerate(ordered):
+        if i + 1 == len(ordered) or ordered[i + 1] != rank + 1:
+            run = ordered[start : i + 1]
+            parts += [f"{run[0]}-{rank}"] if len(run) > 2 else [str(r) for r in run]
+            start = i + 1
+    return ", ".join(parts)
+
+
+# Shared pieces -----------------------------------------------------------------------------
+
+
+def _run_line(report: AuditReport) -> str:
+    return f"run {report.run_id or '?'}, world size {report.world_size}, mode {report.mode}"
+
+
+def _counts(findings: list[Finding]) -> str:
+    """``2 findings (1 error, 1 warning)``, or ``no findings``."""
+    if not findings:
+        return "no findings"
+    counts = [
+        f"{n} {severity}{'s' if n > 1 else ''}"
+        for severity in ("error", "warning", "info")
+        if (n := sum(f.severity == severity for f in findings))
+    ]
+    noun = "finding" if len(findings) == 1 else "findings"
+    return f"{len(findings)} {noun} ({', '.join(counts)})"
+
+
+def _audit_name(audit: dict[str, Any]) -> str:
+    name = f"#{audit.get('index', 0)}"
+    if audit.get("label"):
+        name += f" {audit['label']}"
+    if audit.get("verdict"):
+        name += f" ({audit['verdict']})"
+    return name
+
+
+def _audit_suffix(report: AuditReport, index: int) -> str:
+    """`` (audit 1 "epoch 1")`` when the report holds several audits, else nothing."""
+    if len(report.audits) <= 1:
+        return ""
+    labels = {a.get("index"): a.get("label") for a in report.audits}
+    label = labels.get(index)
+    return f" (audit {index} {label!r})" if label else f" (audit {index})"
+
+
+def _finding_fields(finding: Finding) -> list[tuple[str, str]]:
+    fields = [
+        ("generator", finding.generator or ""),
+        ("drawn at", format_site(finding.call_site)),
+        ("user code", format_site(finding.user_call_site)),
+        ("ranks", format_ranks(finding.ranks)),
+        ("remedy", finding.remedy or ""),
+        ("details", ", ".join(f"{k}={_scalar(v)}" for k, v in finding.details.items())),
+    ]
+    return [(label, value) for label, value in fields if value]
+
+
+def _scalar(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+
+
+def _fit(text: str, width: int, *, keep_end: bool = False) -> str:
+    if len(text) <= width:
+        return text
+    if width <= 3:
+        return text[:width]
+    return "..." + text[-(width - 3) :] if keep_end else text[: width - 3] + "..."
+
+
+# Timelines ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _Timeline:
+    """One audit's pre-iteration events, one column per rank, aligned by position."""
+
+    audit: int
+    label: str
+    ranks: list[int]
+    rows: list[list[Event | None]]
+    divergence: int | None
+    reason: str
+
+
+def _timelines(report: AuditReport) -> list[_Timeline]:
+    records = sorted(report.ranks, key=lambda r: _number(r, "rank"))
+    per_rank = [
+        [e for e in r.get("events") or [] if e.get("phase") == "pre-iteration"] for r in records
+    ]
+    audits = sorted({_number(e, "audit") for events in per_rank for e in events})
+    labels = {a.get("index"): str(a.get("label") or "") for a in report.audits}
+    timelines = []
+    for audit in audits:
+        columns = [
+            sorted(
+                (e for e in events if _number(e, "audit") == audit), key=lambda e: _number(e, "seq")
+            )
+            for events in per_rank
+        ]
+        depth = max(len(column) for column in columns)
+        rows = [[col[i] if i < len(col) else None for col in columns] for i in range(depth)]
+        ranks = [_number(r, "rank") for r in records]
+        divergence, reason = _first_divergence(rows, ranks)
+        timelines.append(_Timeline(audit, labels.get(audit, ""), ranks, rows, divergence, reason))
+    return timelines
+
+
+def _number(data: dict[str, Any], key: str, default: int = 0) -> int:
+    """An integer field of a record or event; ``default`` when it is absent or null."""
+    value = data.get(key)
+    return value if isinstance(value, int) else default
+
+
+def _first_divergence(rows: list[list[Event | None]], ranks: list[int]) -> tuple[int | None, str]:
+    for i, cells in enumerate(rows):
+        absent = [rank for rank, cell in zip(ranks, cells, strict=True) if cell is None]
+        if absent:
+            which = "rank" if len(absent) == 1 else "ranks"
+            verb = "has" if len(absent) == 1 else "have"
+            return i, f"{which} {format_ranks(absent)} {verb} no event here"
+        events = [cell for cell in cells if cell is not None]
+        if len({_event_key(e) for e in events}) > 1:
+            return i, "ranks differ in generator, op, call site or count"
+        fingerprints = [e.get("fingerprint") for e in events]
+        if (
+            all(e.get("kind") == "draw" for e in events)
+            and all(fingerprints)
+            and len(set(fingerprints)) > 1
+        ):
+            return i, "same draw, different generator state (fingerprint)"
+    return None, ""
+
+
+def _event_key(event: Event) -> tuple[Any, ...]:
+    return (
+        event.get("kind"),
+        event.get("generator"),
+        event.get("op"),
+        format_site(event.get("call_site")),
+        _number(event, "count", 1),
+    )
+
+
+def _event_summary(event: Event) -> str:
+    """``aten.rand x1 fp 5e6f7a8b [sampler]``."""
+    text = f"{event.get('op') or '?'} x{_number(event, 'count', 1)}"
+    if event.get("fingerprint"):
+        text += f" fp {str(event['fingerprint'])[:8]}"
+    if event.get("sampler"):
+        text += " [sampler]"
+    return text
+
+
+def _event_sites(event: Event) -> list[str]:
+    """The library call site, then the user's call site when it is another place."""
+    site = format_site(event.get("call_site"), function=False)
+    user = format_site(event.get("user_call_site"), function=False)
+    return [s for s in (site, f"from {user}" if user and user != site else "") if s]
+
+
+def _visible_rows(timeline: _Timeline, max_rows: int) -> tuple[int, int]:
+    total = len(timeline.rows)
+    if total <= max_rows:
+        return 0, total
+    anchor = timeline.divergence or 0
+    start = max(0, min(anchor - 5, total - max_rows))
+    return start, start + max_rows
+
+
+def _divergence_note(timeline: _Timeline) -> str:
+    if timeline.divergence is None:
+        return "No divergence: every rank made the same draws from the same generator state."
+    return f"first divergence at position {timeline.divergence}: {timeline.reason}."
+
+
+def _timeline_title(timeline: _Timeline) -> str:
+    label = f" {timeline.label!r}" if timeline.label else ""
+    return f"Pre-iteration timeline, audit {timeline.audit}{label}"
+
+
+# Text --------------------------------------------------------------------------------------
+
+
+def _text_finding(report: AuditReport, finding: Finding, width: int) -> list[str]:
+    lines = [f"[{finding.severity}] {finding.kind}{_audit_suffix(report, finding.audit)}"]
+    lines += textwrap.wrap(
+        finding.message, width, initial_indent=_INDENT, subsequent_indent=_INDENT
+    )
+    hanging = _INDENT + " " * _LABEL
+    for label, value in _finding_fields(finding):
+        lines += textwrap.wrap(
+            value,
+            width,
+            initial_indent=_INDENT + f"{label}:".ljust(_LABEL),
+            subsequent_indent=hanging,
+            break_on_hyphens=False,
+        )
+    return lines
+
+
+def _text_timeline(timeline: _Timeline, width: int) -> list[str]:
+    per_block = max(1, (width - _PREFIX + len(_GAP)) // (_MIN_COLUMN + len(_GAP)))
+    columns = min(per_block, len(timeline.ranks))
+    column_width = (width - _PREFIX - len(_GAP) * (columns - 1)) // columns
+    start, stop = _visible_rows(timeline, MAX_TIMELINE_ROWS)
+    title = f"{_timeline_title(timeline)} (one column per rank, aligned by position):"
+    lines = textwrap.wrap(title, width)
+    for first in range(0, len(timeline.ranks), columns):
+        block = range(first, min(first + columns, len(timeline.ranks)))
+        header = [f"rank {timeline.ranks[j]}" for j in block]
+        if lines[-1]:
+            lines.append("")
+        lines.append(_text_row("", "#", header, column_width))
+        lines.append(_text_row("", "", ["-" * column_width for _ in block], column_width))
+        if start:
+            lines.append(" " * _PREFIX + f"... {start} earlier positions not shown")
+        for i in range(start, stop):
+            cells = [_text_cell(timeline.rows[i][j], column_width) for j in block]
+            marker = ">>" if i == timeline.divergence else ""
+            position = str(i)
+            for k in range(max(len(cell) for cell in cells)):
+                texts = [cell[k] if k < len(cell) else "" for cell in cells]
+                lines.append(_text_row(marker, position, texts, column_width))
+                marker = position = ""
+            lines.append("")
+        if stop < len(timeline.rows):
+            lines.append(
+                " " * _PREFIX + f"... {len(timeline.rows) - stop} later positions not shown"
+            )
+    if lines[-1]:
+        lines.append("")
+    note = _divergence_note(timeline)
+    marker = ">> " if timeline.divergence is not None else ""
+    lines += textwrap.wrap(marker + note, width, subsequent_indent=" " * len(marker))
+    return lines
+
+
+def _text_row(marker: str, position: str, texts: list[str], column_width: int) -> str:
+    head = f"{marker:<2} {position:>3}  "
+    return head + _GAP.join(text.ljust(column_width) for text in texts)
+
+
+def _text_cell(event: Event | None, column_width: int) -> list[str]:
+    if event is None:
+        return ["(no event)"]
+    lines = [_fit(str(event.get("generator") or "?"), column_width)]
+    lines.append(_fit(_event_summary(event), column_width))
+    lines += [_fit(site, column_width, keep_end=True) for site in _event_sites(event)]
+    return lines
+
+
+# Markdown ----------------------------------------------------------------------------------
+
+
+def _markdown_finding(report: AuditReport, finding: Finding, number: int) -> list[str]:
+    title = f"### {number}. {finding.severity}: `{finding.kind}`"
+    lines = [title + _audit_suffix(report, finding.audit), "", finding.message, ""]
+    code = {"generator", "drawn at", "user code"}
+    for label, value in _finding_fields(finding):
+        shown = f"`{value}`" if label in code else value
+        lines.append(f"- **{label.capitalize()}:** {shown}")
+    return lines
+
+
+def _markdown_timeline(timeline: _Timeline) -> list[str]:
+    lines = [f"## {_timeline_title(timeline)}", ""]
+    lines.append("| # | " + " | ".join(f"rank {rank}" for rank in timeline.ranks) + " |")
+    lines.append("|---:|" + "---|" * len(timeline.ranks))
+    start, stop = _visible_rows(timeline, MAX_TIMELINE_ROWS)
+    for i in range(start, stop):
+        position = f"**>> {i}**" if i == timeline.divergence else str(i)
+        cells = [_markdown_cell(event) for event in timeline.rows[i]]
+        lines.append(f"| {position} | " + " | ".join(cells) + " |")
+    hidden = len(timeline.rows) - (stop - start)
+    lines.append("")
+    if hidden:
+        lines += [f"{hidden} positions not shown (earlier: {start}).", ""]
+    note = _divergence_note(timeline)
+    lines.append(f"**>>** {note}" if timeline.divergence is not None else note)
+    return lines
+
+
+def _markdown_cell(event: Event | None) -> str:
+    if event is None:
+        return "(no event)"
+    parts = [f"`{event.get('generator') or '?'}`", _event_summary(event), *_event_sites(event)]
+    return "<br>".join(part.replace("|", "\\|") for part in parts)

@@ -1,0 +1,340 @@
+"""Reading a report directory: report.json, or the per-rank files merged."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from rngaudit.errors import ReportError
+from rngaudit.findings import RANK_MISSING, SEVERITIES, Finding
+from rngaudit.report import SCHEMA_VERSION, AuditReport
+from rngaudit.report_files import MERGED_FILE, RANK_FILE
+
+_RANK_PREFIX, _RANK_SUFFIX = RANK_FILE.split("{rank}")
+
+# Field tables: name -> JSON type. Optional fields may also be null.
+_REPORT_REQUIRED = {"run_id": str, "world_size": int, "findings": list, "ranks": list}
+_REPORT_OPTIONAL = {"verdict": str, "mode": str, "audits": list}
+_RANK_FILE_REQUIRED = {
+    "run_id": str,
+    "world_size": int,
+    "rank": int,
+    "findings": list,
+    "record": dict,
+}
+_RANK_FILE_OPTIONAL = {"verdict": str, "mode": str, "audits": list}
+_RECORD_REQUIRED = {"rank": int, "events": list}
+_RECORD_OPTIONAL = {"pid": int, "host": str, "states": dict}
+_EVENT_OPTIONAL = {
+    "seq": int,
+    "audit": int,
+    "generator": str,
+    "op": str,
+    "kind": str,
+    "call_site": dict,
+    "chain": list,
+    "user_call_site": dict,
+    "count": int,
+    "fingerprint": str,
+    "last_fingerprint": str,
+    "thread": str,
+    "pid": int,
+    "phase": str,
+    "sampler": dict,
+}
+_FINDING_REQUIRED = {"kind": str, "severity": str, "message": str}
+_FINDING_OPTIONAL = {
+    "ranks": list,
+    "audit": int,
+    "generator": str,
+    "call_site": dict,
+    "user_call_site": dict,
+    "remedy": str,
+    "details": dict,
+}
+_AUDIT_REQUIRED = {"index": int}
+_AUDIT_OPTIONAL = {"label": str, "verdict": str}
+
+
+class _RankFile(NamedTuple):
+    """One validated ``rank-<R>.json``."""
+
+    rank: int
+    path: Path
+    run_id: str
+    world_size: int
+    mode: str
+    findings: list[Finding]
+    audits: list[dict[str, Any]]
+    record: dict[str, Any]
+
+
+_TYPE_NAMES = {dict: "an object", list: "an array", str: "a string", int: "an integer"}
+_VERDICT_ORDER = ("ok", "info", "warning", "error")
+
+
+def find_report_files(directory: str | os.PathLike[str]) -> list[Path]:
+    """The report files in ``directory``: ``report.json`` first, then rank files by rank."""
+    root = Path(directory)
+    found = [root / MERGED_FILE] if (root / MERGED_FILE).is_file() else []
+    return found + [path for _, path in _rank_files(root)]
+
+
+def load_report_dir(path: str | os.PathLike[str]) -> AuditReport:
+    """Load the report in ``path``: ``report.json`` if present, else the merged rank files.
+
+    Raises :class:`~rngaudit.errors.ReportError`, with a one-line message, for any input
+    that cannot be used.
+    """
+    directory = Path(path)
+    if not directory.exists():
+        raise ReportError(f"report directory not found: {directory}")
+    if not directory.is_dir():
+        raise ReportError(f"not a directory: {directory}")
+    rank_files = [_load_rank_file(path, rank) for rank, path in _rank_files(directory)]
+    report_path = directory / MERGED_FILE
+    if report_path.is_file():
+        report = _load_report_file(report_path)
+        for rank_file in rank_files:
+            if rank_file.run_id != report.run_id:
+                raise ReportError(
+                    f"{report_path} is from run {report.run_id!r} but {rank_file.path} is from "
+                    f"run {rank_file.run_id!r}: remove the stale files or use separate directories"
+                )
+        return report
+    if not rank_files:
+        raise ReportError(
+            f"no report files in {directory} "
+            f"(expected {MERGED_FILE} or {RANK_FILE.format(rank='<R>')})"
+        )
+    return _merge(rank_files)
+
+
+def _rank_files(directory: Path) -> list[tuple[int, Path]]:
+    found = []
+    for path in directory.glob(RANK_FILE.format(rank="*")):
+        rank = path.name[len(_RANK_PREFIX) : len(path.name) - len(_RANK_SUFFIX)]
+        if rank.isascii() and rank.isdigit() and path.is_file():
+            found.append((int(rank), path))
+    return sorted(found)
+
+
+def _load_report_file(path: Path) -> AuditReport:
+    data = _read_object(path)
+    _check_fields(data, _REPORT_REQUIRED, _REPORT_OPTIONAL, str(path))
+    if data["world_size"] < 1:
+        raise ReportError(f"{path}: world_size must be at least 1, not {data['world_size']}")
+    records = [
+        _check_record(record, f"{path}: ranks[{i}]") for i, record in enumerate(data["ranks"])
+    ]
+    return AuditReport(
+        findings=_findings(data["findings"], path),
+        ranks=records,
+        world_size=data["world_size"],
+        run_id=data["run_id"],
+        mode=data.get("mode") or "raise",
+        audits=_audits(data.get("audits") or [], path),
+        schema_version=SCHEMA_VERSION,
+    )
+
+
+def _load_rank_file(path: Path, rank: int) -> _RankFile:
+    data = _read_object(path)
+    _check_fields(data, _RANK_FILE_REQUIRED, _RANK_FILE_OPTIONAL, str(path))
+    if data["rank"] != rank:
+        raise ReportError(f"{path}: field 'rank' is {data['rank']}, but the file name says {rank}")
+    if not 0 <= rank < data["world_size"]:
+        raise ReportError(f"{path}: rank {rank} is outside world_size {data['world_size']}")
+    record = _check_record(data["record"], f"{path}: record")
+    if record["rank"] != rank:
+        raise ReportError(f"{path}: record.rank is {record['rank']}, but the file is rank {rank}")
+    return _RankFile(
+        rank=rank,
+        path=path,
+        run_id=data["run_id"],
+        world_size=data["world_size"],
+        mode=data.get("mode") or "raise",
+        findings=_findings(data["findings"], path),
+        audits=_audits(data.get("audits") or [], path),
+        record=record,
+    )
+
+
+def _merge(rank_files: list[_RankFile]) -> AuditReport:
+    """One report from rank files (sorted by rank): findings deduplicated, gaps noted."""
+    runs: dict[str, list[str]] = {}
+    for rank_file in rank_files:
+        runs.setdefault(rank_file.run_id, []).append(rank_file.path.name)
+    if len(runs) > 1:
+        listed = "; ".join(f"run {run!r} ({', '.join(names)})" for run, names in runs.items())
+        raise ReportError(
+            f"rank files from different runs in {rank_files[0].path.parent}: {listed}"
+        )
+    sizes = {rank_file.world_size: rank_file.path.name for rank_file in rank_files}
+    if len(sizes) > 1:
+        listed = ", ".join(f"{size} in {name}" for size, name in sorted(sizes.items()))
+        raise ReportError(f"rank files disagree on world_size: {listed}")
+    first = rank_files[0]
+
+    findings: list[Finding] = []
+    seen: set[str] = set()
+    audits: dict[int, dict[str, Any]] = {}
+    for rank_file in rank_files:
+        for finding in rank_file.findings:
+            key = json.dumps(finding.to_dict(), sort_keys=True)
+            if key not in seen:
+                seen.add(key)
+                findings.append(finding)
+        for audit in rank_file.audits:
+            merged = audits.setdefault(audit["index"], dict(audit))
+            merged["verdict"] = _worst(merged.get("verdict"), audit.get("verdict"))
+
+    present = {rank_file.rank for rank_file in rank_files}
+    noted = {r for f in findings if f.kind == RANK_MISSING for r in f.ranks}
+    missing = [r for r in range(first.world_size) if r not in present and r not in noted]
+    if missing:
+        findings.append(_rank_missing_finding(missing, first.world_size))
+
+    return AuditReport(
+        findings=findings,
+        ranks=[rank_file.record for rank_file in rank_files],
+        world_size=first.world_size,
+        run_id=first.run_id,
+        mode=first.mode,
+        audits=[audits[index] for index in sorted(audits)],
+        schema_version=SCHEMA_VERSION,
+    )
+
+
+def _rank_missing_finding(missing: list[int], world_size: int) -> Finding:
+    names = ", ".join(f"rank-{r}.json" for r in missing)
+    which = "rank" if len(missing) == 1 else "ranks"
+    return Finding(
+        kind=RANK_MISSING,
+        severity="error",
+        message=(
+            f"No report file from {which} {', '.join(map(str, missing))} of {world_size} "
+            f"({names} is missing): the audit cannot compare what it did not see."
+        ),
+        ranks=missing,
+        remedy=(
+            "Check that rank's log for an earlier failure; every rank must run the audit "
+            "and write to the same RNGAUDIT_REPORT_DIR (a shared file system across nodes)."
+        ),
+    )
+
+
+def _worst(a: Any, b: Any) -> str:
+    ranked = [v for v in (a, b) if v in _VERDICT_ORDER]
+    return max(ranked, key=_VERDICT_ORDER.index) if ranked else "ok"
+
+
+def _read_object(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``, with a supported schema_version."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ReportError(f"{path}: not UTF-8 text") from None
+    except OSError as exc:
+        raise ReportError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if not text.strip():
+        raise ReportError(f"{path}: file is empty")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ReportError(
+            f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
+        ) from None
+    if not isinstance(data, dict):
+        raise ReportError(f"{path}: top level is {_json_type(data)}, expected a JSON object")
+    if "schema_version" not in data:
+        raise ReportError(f"{path}: missing required field 'schema_version'")
+    version = data["schema_version"]
+    if type(version) is not int or version != SCHEMA_VERSION:
+        raise ReportError(
+            f"{path}: unsupported schema_version {json.dumps(version)} "
+            f"(this rngaudit reads schema_version {SCHEMA_VERSION})"
+        )
+    return data
+
+
+def _check_fields(
+    data: dict[str, Any],
+    required: Mapping[str, type],
+    optional: Mapping[str, type],
+    where: str,
+) -> None:
+    missing = [name for name in required if name not in data]
+    if missing:
+        fields = ", ".join(repr(name) for name in missing)
+        plural = "s" if len(missing) > 1 else ""
+        raise ReportError(f"{where}: missing required field{plural} {fields}")
+    for name, expected in [*required.items(), *optional.items()]:
+        value = data.get(name)
+        if value is None and name in optional:
+            continue
+        if not _is_type(value, expected):
+            raise ReportError(
+                f"{where}: field {name!r} is {_json_type(value)}, expected {_TYPE_NAMES[expected]}"
+            )
+
+
+def _is_type(value: Any, expected: type) -> bool:
+    if expected is int:
+        return type(value) is int
+    return isinstance(value, expected)
+
+
+def _check_record(record: Any, where: str) -> dict[str, Any]:
+    if not isinstance(record, dict):
+        raise ReportError(f"{where} is {_json_type(record)}, expected an object")
+    _check_fields(record, _RECORD_REQUIRED, _RECORD_OPTIONAL, where)
+    for i, event in enumerate(record["events"]):
+        if not isinstance(event, dict):
+            raise ReportError(f"{where}.events[{i}] is {_json_type(event)}, expected an object")
+        _check_fields(event, {}, _EVENT_OPTIONAL, f"{where}.events[{i}]")
+    return record
+
+
+def _findings(items: list[Any], path: Path) -> list[Finding]:
+    findings = []
+    for i, item in enumerate(items):
+        where = f"{path}: findings[{i}]"
+        if not isinstance(item, dict):
+            raise ReportError(f"{where} is {_json_type(item)}, expected an object")
+        _check_fields(item, _FINDING_REQUIRED, _FINDING_OPTIONAL, where)
+        if item["severity"] not in SEVERITIES:
+            raise ReportError(
+                f"{where}: unknown severity {item['severity']!r} "
+                f"(expected one of {', '.join(SEVERITIES)})"
+            )
+        if not all(type(r) is int for r in item.get("ranks") or []):
+            raise ReportError(f"{where}: field 'ranks' must hold integers")
+        findings.append(Finding.from_dict({k: v for k, v in item.items() if v is not None}))
+    return findings
+
+
+def _audits(items: list[Any], path: Path) -> list[dict[str, Any]]:
+    for i, item in enumerate(items):
+        where = f"{path}: audits[{i}]"
+        if not isinstance(item, dict):
+            raise ReportError(f"{where} is {_json_type(item)}, expected an object")
+        _check_fields(item, _AUDIT_REQUIRED, _AUDIT_OPTIONAL, where)
+    return list(items)
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"

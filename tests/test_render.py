@@ -1,0 +1,323 @@
+"""Tests for rngaudit.render: golden files and the text layout's rules.
+
+Regenerate the golden files after an intended change of output with
+``RNGAUDIT_UPDATE_GOLDEN=1 .venv/bin/pytest tests/test_render.py``, then read the diff
+(and copy the new ``divergent.txt`` into the sample in ``docs/cli.md``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rngaudit.findings import Finding
+from rngaudit.render import (
+    MAX_TIMELINE_ROWS,
+    WIDTH,
+    format_ranks,
+    format_site,
+    render_json,
+    render_markdown,
+    render_summary,
+    render_text,
+    short_path,
+)
+from rngaudit.report import AuditReport
+from rngaudit.report_load import load_report_dir
+
+DATA = Path(__file__).parent / "data"
+GOLDEN = Path(__file__).parent / "golden"
+UPDATE = os.environ.get("RNGAUDIT_UPDATE_GOLDEN") == "1"
+RENDERERS = {"txt": render_text, "md": render_markdown, "json": render_json}
+
+
+def check_golden(name: str, actual: str) -> None:
+    path = GOLDEN / name
+    if UPDATE:
+        GOLDEN.mkdir(exist_ok=True)
+        path.write_text(actual, encoding="utf-8")
+    assert path.exists(), f"{path} is missing: run with RNGAUDIT_UPDATE_GOLDEN=1"
+    assert actual == path.read_text(encoding="utf-8")
+
+
+def sample(name: str) -> AuditReport:
+    return load_report_dir(DATA / name)
+
+
+def event(seq: int, op: str = "aten.rand", fp: str | None = "aa", **extra: Any) -> dict[str, Any]:
+    return {
+        "seq": seq,
+        "audit": 0,
+        "generator": "torch.default_generator",
+        "op": op,
+        "kind": "draw",
+        "call_site": {"file": "/x/train.py", "line": 10 + seq, "function": "main"},
+        "user_call_site": {"file": "/x/train.py", "line": 10 + seq, "function": "main"},
+        "count": 1,
+        "fingerprint": fp,
+        "phase": "pre-iteration",
+        "sampler": None,
+        **extra,
+    }
+
+
+def report_with(*timelines: list[dict[str, Any]]) -> AuditReport:
+    ranks = [{"rank": r, "events": events} for r, events in enumerate(timelines)]
+    return AuditReport(ranks=ranks, world_size=len(ranks), run_id="r")
+
+
+# Golden files ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ext", sorted(RENDERERS))
+@pytest.mark.parametrize("name", ["divergent", "clean"])
+def test_golden(name: str, ext: str) -> None:
+    check_golden(f"{name}.{ext}", RENDERERS[ext](sample(name)))
+
+
+@pytest.mark.parametrize("name", ["divergent", "clean"])
+def test_rank_files_render_like_report_json(name: str, tmp_path: Path) -> None:
+    for rank_file in (DATA / name).glob("rank-*.json"):
+        shutil.copy(rank_file, tmp_path / rank_file.name)
+    merged = load_report_dir(tmp_path)
+    assert render_text(merged) == (GOLDEN / f"{name}.txt").read_text(encoding="utf-8")
+
+
+def test_json_round_trips() -> None:
+    report = sample("divergent")
+    assert json.loads(render_json(report)) == report.to_dict()
+
+
+# Text layout -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["divergent", "clean"])
+def test_text_fits_width_and_has_no_trailing_space(name: str) -> None:
+    for line in render_text(sample(name)).splitlines():
+        assert len(line) <= WIDTH, line
+        assert line == line.rstrip()
+
+
+def test_text_leads_with_verdict_then_findings() -> None:
+    lines = render_text(sample("divergent")).splitlines()
+    assert lines[0] == "rngaudit: ERROR (run 7f3a9c1e2b4d, world size 2, mode raise)"
+    assert lines[1] == "2 findings (1 error, 1 warning)."
+    assert lines[3] == "[error] sampler-draw-divergence"
+
+
+def test_text_finding_fields() -> None:
+    text = render_text(sample("divergent"))
+    assert "    generator:  torch.Generator#1 (sampler.generator)\n" in text
+    assert "    drawn at:   torch/utils/data/sampler.py:172 in __iter__\n" in text
+    assert "    user code:  train.py:38 in main\n" in text
+    assert "    ranks:      0, 1\n" in text
+    assert "    remedy:     Rank 0 drew" in text
+
+
+def test_text_marks_first_divergence() -> None:
+    text = render_text(sample("divergent"))
+    marked = [line for line in text.splitlines() if line.startswith(">>")]
+    assert marked[0].startswith(">>   3  torch.default_generator")
+    assert marked[-1] == (
+        ">> first divergence at position 3: ranks differ in generator, op, call site or count."
+    )
+    assert "aten.rand x1 fp 5e6f7a8b" in text
+
+
+def test_text_leaves_out_iteration_events() -> None:
+    assert "aten.bernoulli_" not in render_text(sample("divergent"))
+
+
+def test_clean_text_says_no_divergence() -> None:
+    text = render_text(sample("clean"))
+    assert text.startswith("rngaudit: OK (")
+    assert "No findings." in text
+    assert ">>" not in text
+    assert "No divergence" in text
+
+
+def test_output_does_not_depend_on_where_the_report_was(tmp_path: Path) -> None:
+    shutil.copytree(DATA / "divergent", tmp_path / "copy")
+    report = load_report_dir(tmp_path / "copy")
+    for render in RENDERERS.values():
+        out = render(report)
+        assert out == render(sample("divergent"))
+        assert str(tmp_path) not in out
+
+
+def test_divergence_by_fingerprint_only() -> None:
+    report = report_with([event(0), event(1, fp="bb")], [event(0), event(1, fp="cc")])
+    text = render_text(report)
+    assert ">> first divergence at position 1: same draw, different generator state" in text
+
+
+def test_seeds_with_different_prior_state_are_not_a_divergence() -> None:
+    seed = {"op": "torch.manual_seed", "kind": "seed"}
+    report = report_with([event(0, fp="x", **seed)], [event(0, fp="y", **seed)])
+    assert "No divergence" in render_text(report)
+
+
+def test_unknown_fingerprints_are_not_compared() -> None:
+    report = report_with([event(0, fp=None)], [event(0, fp="aa")])
+    assert "No divergence" in render_text(report)
+
+
+def test_shorter_rank_shows_no_event() -> None:
+    report = report_with([event(0), event(1)], [event(0)])
+    text = render_text(report)
+    assert "(no event)" in text
+    assert ">> first divergence at position 1: rank 1 has no event here." in text
+
+
+def test_timeline_per_audit_with_labels() -> None:
+    report = report_with([event(0), event(1, audit=1)], [event(0), event(1, audit=1)])
+    report.audits = [{"index": 0, "label": "epoch 0"}, {"index": 1, "label": "epoch 1"}]
+    text = render_text(report)
+    assert "Pre-iteration timeline, audit 0 'epoch 0'" in text
+    assert "Pre-iteration timeline, audit 1 'epoch 1'" in text
+    assert "audits: #0 epoch 0, #1 epoch 1" in text
+
+
+def test_many_ranks_are_split_into_blocks_that_fit() -> None:
+    timelines = [[event(0, fp=f"{rank}")] for rank in range(5)]
+    text = render_text(report_with(*timelines))
+    for rank in range(5):
+        assert f"rank {rank}" in text
+    assert all(len(line) <= WIDTH for line in text.splitlines())
+    assert text.count("     #  rank") == 2  # 3 columns, then 2
+
+
+def test_narrow_width_is_respected() -> None:
+    text = render_text(sample("divergent"), width=60)
+    assert all(len(line) <= 60 for line in text.splitlines())
+
+
+def test_long_cells_are_shortened() -> None:
+    long = event(0, generator="torch.Generator#12 (" + "x" * 80 + ")")
+    long["call_site"] = {"file": "/a/site-packages/" + "deep/" * 20 + "mod.py", "line": 5}
+    text = render_text(report_with([long], [long]))
+    assert "..." in text
+    assert "deep/mod.py:5" in text
+    assert all(len(line) <= WIDTH for line in text.splitlines())
+
+
+def test_long_timeline_shows_the_divergence() -> None:
+    rows = MAX_TIMELINE_ROWS + 140
+    same = [event(i) for i in range(rows)]
+    other = copy.deepcopy(same)
+    other[80]["fingerprint"] = "zz"
+    for render in (render_text, render_markdown):
+        out = render(report_with(same, other))
+        assert out.count("train.py:") == 2 * MAX_TIMELINE_ROWS  # one site per cell
+    text = render_text(report_with(same, other))
+    assert "        ... 75 earlier positions not shown\n" in text
+    assert ">>  80  torch.default_generator" in text
+    assert "        ... 65 later positions not shown\n" in text
+
+
+def test_minimal_events_do_not_break_rendering() -> None:
+    nulls = dict.fromkeys(("seq", "audit", "count", "generator", "op", "call_site"), None)
+    report = report_with(
+        [{"phase": "pre-iteration"}, {"phase": "pre-iteration", **nulls}],
+        [{"phase": "pre-iteration", "seq": 0}],
+    )
+    for render in RENDERERS.values():
+        render(report)
+
+
+def test_report_without_records() -> None:
+    report = AuditReport(findings=[Finding("rank-missing", "error", "gone", [1])], world_size=2)
+    text = render_text(report)
+    assert text.startswith("rngaudit: ERROR (run ?, world size 2")
+    assert "timeline" not in text
+
+
+# Markdown ----------------------------------------------------------------------------------
+
+
+def test_markdown_escapes_pipes_in_cells() -> None:
+    piped = event(0, generator="weird|name")
+    md = render_markdown(report_with([piped], [piped]))
+    assert "`weird\\|name`" in md
+
+
+def test_markdown_marks_first_divergence() -> None:
+    md = render_markdown(sample("divergent"))
+    assert "| **>> 3** |" in md
+    assert "**>>** first divergence at position 3" in md
+
+
+# Summary and helpers -----------------------------------------------------------------------
+
+
+def test_summary_has_verdict_and_one_line_per_finding() -> None:
+    lines = render_summary(sample("divergent")).splitlines()
+    assert lines[0] == (
+        "rngaudit: ERROR, 2 findings (1 error, 1 warning); "
+        "run 7f3a9c1e2b4d, world size 2, mode raise"
+    )
+    assert lines[1].startswith("rngaudit:   error sampler-draw-divergence: Ranks 0 and 1")
+    assert lines[2].startswith("rngaudit:   warning consumption-mismatch: Rank 0 made")
+    assert len(lines) == 3
+    assert all(len(line) <= WIDTH for line in lines)
+
+
+def test_summary_of_clean_report() -> None:
+    assert render_summary(sample("clean")) == (
+        "rngaudit: OK, no findings; run 7f3a9c1e2b4d, world size 2, mode raise\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "short"),
+    [
+        (
+            "/venv/lib/python3.11/site-packages/torch/utils/data/sampler.py",
+            "torch/utils/data/sampler.py",
+        ),
+        ("/usr/lib/python3/dist-packages/numpy/random/mtrand.py", "numpy/random/mtrand.py"),
+        ("C:\\env\\Lib\\site-packages\\torch\\random.py", "torch/random.py"),
+        ("/home/alice/proj/train.py", "train.py"),
+        ("train.py", "train.py"),
+        ("<string>", "<string>"),
+        ("<frozen runpy>", "<frozen runpy>"),
+    ],
+)
+def test_short_path(path: str, short: str) -> None:
+    assert short_path(path) == short
+
+
+def test_format_site() -> None:
+    site = {"file": "/p/train.py", "line": 3, "function": "main"}
+    assert format_site(site) == "train.py:3 in main"
+    assert format_site(site, function=False) == "train.py:3"
+    assert format_site(None) == ""
+    assert format_site({"file": "/p/x.py", "line": 1}) == "x.py:1"
+
+
+@pytest.mark.parametrize(
+    ("ranks", "text"),
+    [
+        ([], ""),
+        ([1], "1"),
+        ([1, 0], "0, 1"),
+        ([0, 1, 2, 3, 5, 7, 8], "0-3, 5, 7, 8"),
+        ([2, 2], "2"),
+    ],
+)
+def test_format_ranks(ranks: list[int], text: str) -> None:
+    assert format_ranks(ranks) == text
+
+
+def test_docs_sample_is_the_golden_text() -> None:
+    docs = (Path(__file__).parent.parent / "docs" / "cli.md").read_text(encoding="utf-8")
+    marker = "<!-- sample: tests/golden/divergent.txt -->\n```text\n"
+    start = docs.index(marker) + len(marker)
+    sample = docs[start : docs.index("```\n", start)]
+    assert sample == (GOLDEN / "divergent.txt").read_text(encoding="utf-8")

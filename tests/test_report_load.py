@@ -1,0 +1,366 @@
+"""Tests for rngaudit.report_load: reading report.json, merging rank files, refusing bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rngaudit.errors import ReportError
+from rngaudit.findings import RANK_MISSING
+from rngaudit.report_load import find_report_files, load_report_dir
+
+DATA = Path(__file__).parent / "data"
+
+
+def rank_doc(
+    rank: int, *, run_id: str = "run-a", world_size: int = 2, **extra: Any
+) -> dict[str, Any]:
+    """A minimal valid ``rank-<R>.json``."""
+    doc: dict[str, Any] = {
+        "schema_version": 1,
+        "run_id": run_id,
+        "world_size": world_size,
+        "rank": rank,
+        "mode": "raise",
+        "verdict": "ok",
+        "audits": [{"index": 0, "label": "epoch 0", "verdict": "ok"}],
+        "findings": [],
+        "record": {"rank": rank, "pid": 100 + rank, "host": "h", "events": [], "states": {}},
+    }
+    doc.update(extra)
+    return doc
+
+
+def write(directory: Path, name: str, content: Any) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    text = content if isinstance(content, str) else json.dumps(content, indent=2)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def copy_rank_files(sample: str, target: Path, ranks: tuple[int, ...] = (0, 1)) -> Path:
+    target.mkdir(parents=True, exist_ok=True)
+    for rank in reversed(ranks):  # creation order must not matter
+        shutil.copy(DATA / sample / f"rank-{rank}.json", target / f"rank-{rank}.json")
+    return target
+
+
+def load_error(path: Path) -> str:
+    with pytest.raises(ReportError) as info:
+        load_report_dir(path)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+# Reading -----------------------------------------------------------------------------------
+
+
+def test_loads_report_json() -> None:
+    report = load_report_dir(DATA / "divergent")
+    assert report.run_id == "7f3a9c1e2b4d"
+    assert report.world_size == 2
+    assert report.verdict == "error"
+    assert [f.kind for f in report.findings] == [
+        "sampler-draw-divergence",
+        "consumption-mismatch",
+    ]
+    assert [r["rank"] for r in report.ranks] == [0, 1]
+    assert report.audits == [{"index": 0, "label": "epoch 0", "verdict": "error"}]
+
+
+def test_loads_clean_report() -> None:
+    report = load_report_dir(DATA / "clean")
+    assert report.verdict == "ok"
+    assert report.findings == []
+
+
+def test_accepts_str_path() -> None:
+    assert load_report_dir(str(DATA / "clean")).verdict == "ok"
+
+
+@pytest.mark.parametrize("sample", ["divergent", "clean"])
+def test_merging_rank_files_gives_the_merged_report(sample: str, tmp_path: Path) -> None:
+    merged = load_report_dir(copy_rank_files(sample, tmp_path))
+    expected = json.loads((DATA / sample / "report.json").read_text())
+    assert merged.to_dict() == expected
+
+
+def test_merge_deduplicates_findings(tmp_path: Path) -> None:
+    report = load_report_dir(copy_rank_files("divergent", tmp_path))
+    assert len(report.findings) == 2
+
+
+def test_merge_keeps_findings_seen_by_one_rank_only(tmp_path: Path) -> None:
+    only_1 = {"kind": "state-divergence", "severity": "warning", "message": "m", "ranks": [1]}
+    write(tmp_path, "rank-0.json", rank_doc(0))
+    write(tmp_path, "rank-1.json", rank_doc(1, findings=[only_1]))
+    report = load_report_dir(tmp_path)
+    assert [f.kind for f in report.findings] == ["state-divergence"]
+    assert report.verdict == "warning"
+
+
+def test_merge_takes_the_worst_audit_verdict(tmp_path: Path) -> None:
+    write(tmp_path, "rank-0.json", rank_doc(0))
+    bad = [{"index": 0, "label": "epoch 0", "verdict": "error"}, {"index": 1, "verdict": "ok"}]
+    write(tmp_path, "rank-1.json", rank_doc(1, audits=bad))
+    report = load_report_dir(tmp_path)
+    assert report.audits == [
+        {"index": 0, "label": "epoch 0", "verdict": "error"},
+        {"index": 1, "verdict": "ok"},
+    ]
+
+
+def test_merge_notes_a_missing_rank(tmp_path: Path) -> None:
+    copy_rank_files("clean", tmp_path, ranks=(0,))
+    report = load_report_dir(tmp_path)
+    assert report.verdict == "error"
+    (finding,) = report.findings
+    assert finding.kind == RANK_MISSING
+    assert finding.severity == "error"
+    assert finding.ranks == [1]
+    assert "rank-1.json" in finding.message
+    assert [r["rank"] for r in report.ranks] == [0]
+
+
+def test_merge_notes_several_missing_ranks_once(tmp_path: Path) -> None:
+    write(tmp_path, "rank-1.json", rank_doc(1, world_size=4))
+    report = load_report_dir(tmp_path)
+    assert [(f.kind, f.ranks) for f in report.findings] == [(RANK_MISSING, [0, 2, 3])]
+
+
+def test_merge_does_not_repeat_a_noted_missing_rank(tmp_path: Path) -> None:
+    noted = {"kind": RANK_MISSING, "severity": "error", "message": "rank 2 timed out", "ranks": [2]}
+    write(tmp_path, "rank-0.json", rank_doc(0, world_size=3, findings=[noted]))
+    write(tmp_path, "rank-1.json", rank_doc(1, world_size=3, findings=[noted]))
+    report = load_report_dir(tmp_path)
+    assert [f.message for f in report.findings] == ["rank 2 timed out"]
+
+
+def test_report_json_wins_over_rank_files(tmp_path: Path) -> None:
+    shutil.copytree(DATA / "divergent", tmp_path / "r")
+    (tmp_path / "r" / "rank-1.json").unlink()
+    report = load_report_dir(tmp_path / "r")
+    assert not any(f.kind == RANK_MISSING for f in report.findings)
+    assert len(report.ranks) == 2
+
+
+def test_ignores_other_files(tmp_path: Path) -> None:
+    copy_rank_files("clean", tmp_path)
+    write(tmp_path, "rank-x.json", "not json")
+    write(tmp_path, ".rank-0.json.abc.tmp", "partial")
+    write(tmp_path, "notes.txt", "hello")
+    assert load_report_dir(tmp_path).verdict == "ok"
+
+
+def test_find_report_files_lists_report_then_ranks(tmp_path: Path) -> None:
+    for name in ("rank-10.json", "rank-2.json", "report.json", "other.json"):
+        write(tmp_path, name, "{}")
+    assert [p.name for p in find_report_files(tmp_path)] == [
+        "report.json",
+        "rank-2.json",
+        "rank-10.json",
+    ]
+
+
+# Unusable input ----------------------------------------------------------------------------
+
+
+def test_missing_directory(tmp_path: Path) -> None:
+    assert "report directory not found" in load_error(tmp_path / "nope")
+
+
+def test_file_instead_of_directory(tmp_path: Path) -> None:
+    path = write(tmp_path, "report.json", "{}")
+    assert "not a directory" in load_error(path)
+
+
+def test_directory_without_report_files(tmp_path: Path) -> None:
+    write(tmp_path, "notes.txt", "x")
+    message = load_error(tmp_path)
+    assert "no report files" in message
+    assert "report.json" in message and "rank-<R>.json" in message
+
+
+def test_malformed_json_names_file_and_line(tmp_path: Path) -> None:
+    write(tmp_path, "report.json", '{\n  "schema_version": 1,\n  "run_id": "x"\n  "oops"\n}')
+    message = load_error(tmp_path)
+    assert str(tmp_path / "report.json") in message
+    assert "invalid JSON at line 4" in message
+
+
+def test_malformed_rank_file_names_it(tmp_path: Path) -> None:
+    write(tmp_path, "rank-0.json", rank_doc(0))
+    write(tmp_path, "rank-1.json", '{"schema_version": 1,')
+    message = load_error(tmp_path)
+    assert "rank-1.json" in message and "invalid JSON at line 1" in message
+
+
+def test_empty_file(tmp_path: Path) -> None:
+    write(tmp_path, "rank-0.json", "  \n")
+    assert "rank-0.json: file is empty" in load_error(tmp_path)
+
+
+def test_not_utf8(tmp_path: Path) -> None:
+    (tmp_path / "report.json").write_bytes(b'{"run_id": "\xff"}')
+    assert "not UTF-8" in load_error(tmp_path)
+
+
+@pytest.mark.parametrize("version", [2, 0, "1", None])
+def test_unknown_schema_version(tmp_path: Path, version: Any) -> None:
+    write(tmp_path, "rank-0.json", rank_doc(0, schema_version=version))
+    message = load_error(tmp_path)
+    assert f"unsupported schema_version {json.dumps(version)}" in message
+    assert "reads schema_version 1" in message
+
+
+def test_missing_schema_version(tmp_path: Path) -> None:
+    doc = rank_doc(0)
+    del doc["schema_version"]
+    write(tmp_path, "rank-0.json", doc)
+    assert "missing required field 'schema_version'" in load_error(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("content", "kind"), [("[1, 2]", "an array"), ('"x"', "a string"), ("3", "a number")]
+)
+def test_top_level_not_an_object(tmp_path: Path, content: str, kind: str) -> None:
+    write(tmp_path, "report.json", content)
+    assert f"top level is {kind}, expected a JSON object" in load_error(tmp_path)
+
+
+def test_report_json_missing_fields(tmp_path: Path) -> None:
+    write(tmp_path, "report.json", {"schema_version": 1, "run_id": "x", "findings": []})
+    message = load_error(tmp_path)
+    assert "missing required fields 'world_size', 'ranks'" in message
+
+
+def test_rank_file_missing_fields(tmp_path: Path) -> None:
+    doc = rank_doc(0)
+    del doc["record"]
+    write(tmp_path, "rank-0.json", doc)
+    assert "rank-0.json: missing required field 'record'" in load_error(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("world_size", "2", "field 'world_size' is a string, expected an integer"),
+        ("world_size", True, "field 'world_size' is a boolean, expected an integer"),
+        ("findings", {}, "field 'findings' is an object, expected an array"),
+        ("run_id", 7, "field 'run_id' is a number, expected a string"),
+        ("mode", [], "field 'mode' is an array, expected a string"),
+    ],
+)
+def test_field_of_wrong_type(tmp_path: Path, field: str, value: Any, expected: str) -> None:
+    write(tmp_path, "rank-0.json", rank_doc(0, **{field: value}))
+    assert expected in load_error(tmp_path)
+
+
+def test_world_size_below_one(tmp_path: Path) -> None:
+    doc = json.loads((DATA / "clean" / "report.json").read_text())
+    write(tmp_path, "report.json", {**doc, "world_size": 0})
+    assert "world_size must be at least 1" in load_error(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("finding", "expected"),
+    [
+        ("boom", "findings[0] is a string, expected an object"),
+        ({"kind": "k", "severity": "error"}, "findings[0]: missing required field 'message'"),
+        ({"kind": "k", "severity": "fatal", "message": "m"}, "unknown severity 'fatal'"),
+        ({"kind": "k", "severity": "error", "message": "m", "ranks": ["0"]}, "integers"),
+        (
+            {"kind": "k", "severity": "error", "message": "m", "call_site": "x.py:1"},
+            "field 'call_site' is a string, expected an object",
+        ),
+    ],
+)
+def test_malformed_finding(tmp_path: Path, finding: Any, expected: str) -> None:
+    write(tmp_path, "rank-0.json", rank_doc(0, findings=[finding]))
+    assert expected in load_error(tmp_path)
+
+
+def test_null_optional_finding_fields_are_accepted(tmp_path: Path) -> None:
+    finding = {"kind": "k", "severity": "info", "message": "m", "ranks": None, "remedy": None}
+    write(tmp_path, "rank-0.json", rank_doc(0, world_size=1, findings=[finding]))
+    (loaded,) = load_report_dir(tmp_path).findings
+    assert loaded.ranks == [] and loaded.remedy is None
+
+
+def test_malformed_audit_entry(tmp_path: Path) -> None:
+    write(tmp_path, "rank-0.json", rank_doc(0, audits=[{"label": "x"}]))
+    assert "audits[0]: missing required field 'index'" in load_error(tmp_path)
+
+
+def test_malformed_rank_record(tmp_path: Path) -> None:
+    doc = json.loads((DATA / "clean" / "report.json").read_text())
+    doc["ranks"][1] = {"rank": 1}
+    write(tmp_path, "report.json", doc)
+    assert "ranks[1]: missing required field 'events'" in load_error(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("event", "expected"),
+    [
+        (3, "record.events[0] is a number, expected an object"),
+        ({"seq": "0"}, "record.events[0]: field 'seq' is a string, expected an integer"),
+        ({"call_site": []}, "field 'call_site' is an array, expected an object"),
+    ],
+)
+def test_malformed_event(tmp_path: Path, event: Any, expected: str) -> None:
+    doc = rank_doc(0)
+    doc["record"]["events"] = [event]
+    write(tmp_path, "rank-0.json", doc)
+    assert expected in load_error(tmp_path)
+
+
+def test_rank_field_disagrees_with_file_name(tmp_path: Path) -> None:
+    write(tmp_path, "rank-1.json", rank_doc(0))
+    assert "field 'rank' is 0, but the file name says 1" in load_error(tmp_path)
+
+
+def test_record_rank_disagrees_with_file(tmp_path: Path) -> None:
+    doc = rank_doc(1)
+    doc["record"]["rank"] = 0
+    write(tmp_path, "rank-1.json", doc)
+    assert "record.rank is 0" in load_error(tmp_path)
+
+
+def test_rank_outside_world_size(tmp_path: Path) -> None:
+    write(tmp_path, "rank-2.json", rank_doc(2, world_size=2))
+    assert "rank 2 is outside world_size 2" in load_error(tmp_path)
+
+
+def test_rank_files_from_different_runs(tmp_path: Path) -> None:
+    write(tmp_path, "rank-0.json", rank_doc(0, run_id="run-a"))
+    write(tmp_path, "rank-1.json", rank_doc(1, run_id="run-b"))
+    write(tmp_path, "rank-2.json", rank_doc(2, run_id="run-a", world_size=3))
+    message = load_error(tmp_path)
+    assert "rank files from different runs" in message
+    assert "run 'run-a' (rank-0.json, rank-2.json); run 'run-b' (rank-1.json)" in message
+
+
+def test_rank_files_disagree_on_world_size(tmp_path: Path) -> None:
+    write(tmp_path, "rank-0.json", rank_doc(0, world_size=2))
+    write(tmp_path, "rank-1.json", rank_doc(1, world_size=4))
+    assert "disagree on world_size: 2 in rank-0.json, 4 in rank-1.json" in load_error(tmp_path)
+
+
+def test_stale_rank_file_next_to_report_json(tmp_path: Path) -> None:
+    shutil.copytree(DATA / "clean", tmp_path / "r")
+    write(tmp_path / "r", "rank-1.json", rank_doc(1, run_id="old-run"))
+    message = load_error(tmp_path / "r")
+    assert "report.json is from run '7f3a9c1e2b4d'" in message
+    assert "rank-1.json is from run 'old-run'" in message
+
+
+def test_malformed_rank_file_next_to_report_json(tmp_path: Path) -> None:
+    shutil.copytree(DATA / "clean", tmp_path / "r")
+    write(tmp_path / "r", "rank-1.json", "[]")
+    assert "rank-1.json: top level is an array" in load_error(tmp_path / "r")
