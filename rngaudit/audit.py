@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import warnings
 from contextlib import ContextDecorator
 from types import TracebackType
@@ -80,6 +81,8 @@ class Audit(ContextDecorator):
         self._index = self._session.reserve()
         self._entry = RECORDER.snapshot()
         self._start = RECORDER.begin(self._index)
+        self._worker_findings: list[Finding] = []
+        self._monitor = _worker_monitor(self._session, self._worker_findings, self.settings)
         return self
 
     def __exit__(
@@ -94,6 +97,8 @@ class Audit(ContextDecorator):
             events = RECORDER.events_since(start, self._index)
         finally:
             exit_states = RECORDER.end()  # undoes every patch at the outermost window
+            if self._monitor is not None:
+                self._monitor.uninstall()  # started iterators keep their first-batch check
         record = {
             "pid": os.getpid(),
             "host": session.host(),
@@ -113,9 +118,31 @@ class Audit(ContextDecorator):
                 log.warning("rngaudit: could not conclude the audit", exc_info=True)
                 return None  # the user's exception propagates unchanged
             raise
-        if exc_type is None:
-            act(self.report, self.settings.mode, self.settings.strict)
+        try:
+            if exc_type is None:
+                act(self.report, self.settings.mode, self.settings.strict)
+        finally:
+            # Worker findings are local to this rank: reported, never part of the shared verdict
+            # (a confirmed duplicate stream raises from the loader's first batch instead).
+            self.report.findings.extend(self._worker_findings)
         return None
+
+
+def _worker_monitor(
+    sess: session.Session, seen: list[Finding], settings: config.Settings
+) -> Any:
+    """Watch DataLoader workers started inside the window (only if torch is loaded)."""
+    if "torch" not in sys.modules:
+        return None
+    from rngaudit.workers import WorkerMonitor
+
+    def sink(finding: Finding) -> None:
+        seen.append(finding)
+        sess.add_finding(finding)
+
+    monitor = WorkerMonitor(sink, settings.mode, min(settings.timeout, 30.0))
+    monitor.install()
+    return monitor
 
 
 def act(report: AuditReport, mode: str, strict: bool = False) -> None:

@@ -62,6 +62,7 @@ class Session:
             self.run_id = str(arrived[0]["run_id"])  # adopt the lowest rank's run id
         found = compare.compare(arrived, result.world_size, result.missing, index, timeout)
         with self._lock:
+            found = [f for f in found if not self._repeats_info(f)]
             for rec in arrived:
                 self._accumulate(rec)
             self.findings.extend(found)
@@ -75,6 +76,13 @@ class Session:
             mode=self.mode,
             audits=[self.audits[-1]],
         )
+
+    def _repeats_info(self, finding: Finding) -> bool:
+        """An info finding already made, word for word but the audit, by an earlier audit."""
+        if finding.severity != "info":
+            return False
+        same = (finding.kind, finding.generator, str(finding.details))
+        return any((f.kind, f.generator, str(f.details)) == same for f in self.findings)
 
     def add_finding(self, finding: Finding) -> None:
         """A finding that arrives after its audit (DataLoader worker checks)."""
