@@ -1,0 +1,388 @@
+"""Find generator objects in a dataset graph, fingerprint their state, report from workers."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import random
+import sys
+import types
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from itertools import islice
+from typing import Any
+
+# Bounds of one walk over a dataset graph: depth below the root, items looked at per
+# container (list, tuple, dict), attributes per object, and objects visited in all.
+MAX_DEPTH = 6
+MAX_ITEMS = 64
+MAX_ATTRS = 256
+MAX_NODES = 4096
+
+# Canonical names of the generator families the walk looks for.
+NUMPY_GENERATOR = "numpy.random.Generator"
+NUMPY_RANDOMSTATE = "numpy.random.RandomState"
+PY_RANDOM = "random.Random"
+TORCH_GENERATOR = "torch.Generator"
+
+REPORT_PREFIX = "w"
+REPORT_SUFFIX = ".json"
+
+# Values that can hold no generator: never walked into.
+_ATOMS: tuple[type, ...] = (
+    str,
+    bytes,
+    bytearray,
+    int,
+    float,
+    complex,
+    bool,
+    type(None),
+    range,
+    memoryview,
+    type,
+    types.ModuleType,
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.MethodType,
+    types.BuiltinMethodType,
+    types.CodeType,
+    types.FrameType,
+    types.GeneratorType,
+    random.SystemRandom,  # no state to copy: reads the OS entropy pool
+)
+
+
+class GeneratorRef:
+    """One generator found by a walk: where it is, its family and concrete class, the object."""
+
+    __slots__ = ("cls", "kind", "obj", "path")
+
+    def __init__(self, path: str, kind: str, cls: str, obj: object) -> None:
+        self.path = path
+        self.kind = kind
+        self.cls = cls
+        self.obj = obj
+
+    def __repr__(self) -> str:
+        return f"GeneratorRef({self.path!r}, {self.kind!r})"
+
+
+def generator_kind(obj: object) -> str | None:
+    """The family of ``obj`` if it is a generator a worker would inherit, else ``None``.
+
+    Only modules already imported are consulted: a generator of a library that was never
+    imported cannot exist, so the check imports nothing.
+    """
+    if isinstance(obj, random.Random):
+        if isinstance(obj, random.SystemRandom) or obj is getattr(random, "_inst", None):
+            return None  # stateless, or the global instance PyTorch reseeds per worker
+        return PY_RANDOM
+    np_random = sys.modules.get("numpy.random")
+    if np_random is not None:
+        if isinstance(obj, np_random.Generator):
+            return NUMPY_GENERATOR
+        if isinstance(obj, np_random.RandomState):
+            return NUMPY_RANDOMSTATE
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Generator):
+        return TORCH_GENERATOR
+    return None
+
+
+def _qualname(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _leaf_types() -> tuple[type, ...]:
+    """Atoms plus the array and tensor types of the libraries already imported."""
+    leaves = list(_ATOMS)
+    np = sys.modules.get("numpy")
+    if np is not None:
+        leaves += [np.ndarray, np.generic]
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        leaves += [torch.Tensor, torch.dtype, torch.device]
+    tempfile = sys.modules.get("tempfile")
+    name_sequence = getattr(tempfile, "_RandomNameSequence", None)
+    if isinstance(name_sequence, type):
+        leaves.append(name_sequence)  # the stdlib's private Random for temporary names
+    return tuple(leaves)
+
+
+def _torch_module_type() -> type | None:
+    nn = sys.modules.get("torch.nn")
+    module = getattr(nn, "Module", None)
+    return module if isinstance(module, type) else None
+
+
+def _instance_dict(obj: object) -> dict[str, Any] | None:
+    try:
+        d = object.__getattribute__(obj, "__dict__")
+    except Exception:
+        return None
+    return d if isinstance(d, dict) else None
+
+
+def _slot_values(obj: object) -> Iterator[tuple[str, Any]]:
+    """Values stored in ``__slots__``, read through their member descriptors only."""
+    for cls in type(obj).__mro__:
+        slots = cls.__dict__.get("__slots__")
+        if slots is None:
+            continue
+        names = (slots,) if isinstance(slots, str) else slots
+        for name in names:
+            if not isinstance(name, str) or name in ("__dict__", "__weakref__"):
+                continue
+            attr = name
+            if name.startswith("__") and not name.endswith("__"):
+                attr = f"_{cls.__name__.lstrip('_')}{name}"
+            desc = cls.__dict__.get(attr)
+            if isinstance(desc, types.MemberDescriptorType):
+                try:
+                    yield name, desc.__get__(obj, cls)
+                except AttributeError:
+                    continue
+
+
+def _class_generators(cls: type, cache: dict[type, list[tuple[str, Any]]]) -> list[tuple[str, Any]]:
+    """Generators stored as class attributes (``class D: rng = default_rng(0)``)."""
+    found = cache.get(cls)
+    if found is None:
+        found = []
+        for klass in cls.__mro__[:-1]:  # skip object
+            for name, value in islice(klass.__dict__.items(), MAX_ATTRS):
+                if generator_kind(value) is not None:
+                    found.append((name, value))
+        cache[cls] = found
+    return found
+
+
+def _key_repr(key: object) -> str:
+    """A dict key as written in a path; no user ``__repr__`` runs for unusual key types."""
+    if isinstance(key, (str, int, float, bool, type(None))):
+        return repr(key)
+    return f"<{type(key).__qualname__}>"
+
+
+def _children(
+    obj: object,
+    path: str,
+    module_type: type | None,
+    class_cache: dict[type, list[tuple[str, Any]]],
+) -> Iterable[tuple[str, Any]]:
+    if isinstance(obj, dict):
+        return ((f"{path}[{_key_repr(k)}]", v) for k, v in islice(dict.items(obj), MAX_ITEMS))
+    if isinstance(obj, list):
+        return ((f"{path}[{i}]", v) for i, v in enumerate(islice(list.__iter__(obj), MAX_ITEMS)))
+    if isinstance(obj, tuple):
+        return ((f"{path}[{i}]", v) for i, v in enumerate(islice(tuple.__iter__(obj), MAX_ITEMS)))
+    if isinstance(obj, (set, frozenset)):
+        return ()
+    return _attribute_children(obj, path, module_type, class_cache)
+
+
+def _attribute_children(
+    obj: object,
+    path: str,
+    module_type: type | None,
+    class_cache: dict[type, list[tuple[str, Any]]],
+) -> Iterator[tuple[str, Any]]:
+    d = _instance_dict(obj)
+    is_module = module_type is not None and isinstance(obj, module_type)
+    if d is not None:
+        for name, value in islice(dict.items(d), MAX_ATTRS):
+            if not isinstance(name, str):
+                continue
+            if is_module and name.startswith("_"):
+                if name == "_modules" and isinstance(value, dict):
+                    # nn.Module children are reachable as attributes: name them so.
+                    for child, sub in islice(dict.items(value), MAX_ITEMS):
+                        if isinstance(child, str) and child.isidentifier():
+                            yield f"{path}.{child}", sub
+                        else:
+                            yield f"{path}._modules[{child!r}]", sub
+                continue  # parameters, buffers, hooks: no generators there
+            yield f"{path}.{name}", value
+    yield from ((f"{path}.{n}", v) for n, v in _slot_values(obj))
+    for name, value in _class_generators(type(obj), class_cache):
+        if d is None or name not in d:
+            yield f"{path}.{name}", value
+
+
+def find_generators(
+    root: object,
+    root_path: str = "dataset",
+    *,
+    max_depth: int = MAX_DEPTH,
+    max_nodes: int = MAX_NODES,
+) -> list[GeneratorRef]:
+    """Generators reachable from ``root``, breadth first (shortest path wins), cycle-safe.
+
+    Reads attributes through the instance ``__dict__`` and slot descriptors only (no
+    properties or ``__getattr__`` run), looks at the first ``MAX_ITEMS`` items of each
+    container, never enters arrays or tensors, and stops after ``max_nodes`` objects.
+    """
+    leaves = _leaf_types()
+    module_type = _torch_module_type()
+    class_cache: dict[type, list[tuple[str, Any]]] = {}
+    found: list[GeneratorRef] = []
+    seen = {id(root)}
+    queue: deque[tuple[object, str, int]] = deque([(root, root_path, 0)])
+    visited = 0
+    while queue and visited < max_nodes:
+        obj, path, depth = queue.popleft()
+        visited += 1
+        kind = generator_kind(obj)
+        if kind is not None:
+            found.append(GeneratorRef(path, kind, _qualname(type(obj)), obj))
+            continue
+        if depth >= max_depth:
+            continue
+        for child_path, child in _children(obj, path, module_type, class_cache):
+            if isinstance(child, leaves) or id(child) in seen:
+                continue
+            seen.add(id(child))
+            queue.append((child, child_path, depth + 1))
+    return found
+
+
+def read_state(obj: object, kind: str) -> Any:
+    """The generator's state, read without drawing from it."""
+    if kind == NUMPY_GENERATOR:
+        return obj.bit_generator.state  # type: ignore[attr-defined]
+    if kind == NUMPY_RANDOMSTATE:
+        return obj.get_state(legacy=False)  # type: ignore[attr-defined]
+    if kind == TORCH_GENERATOR:
+        return obj.get_state()  # type: ignore[attr-defined]
+    return obj.getstate()  # type: ignore[attr-defined]
+
+
+def _feed(h: Any, value: Any) -> None:
+    if isinstance(value, (bytes, bytearray)):
+        h.update(b"b")
+        h.update(value)
+    elif isinstance(value, (str, int, float, bool, type(None))):
+        h.update(repr(value).encode())
+    elif isinstance(value, dict):
+        h.update(b"{")
+        for key in sorted(value, key=repr):
+            _feed(h, key)
+            h.update(b":")
+            _feed(h, value[key])
+        h.update(b"}")
+    elif isinstance(value, (tuple, list)):
+        if all(type(item) is int for item in value):
+            h.update(repr(tuple(value)).encode())  # random.getstate(): 625 ints in one go
+        else:
+            h.update(b"(")
+            for item in value:
+                _feed(h, item)
+                h.update(b",")
+            h.update(b")")
+    elif hasattr(value, "tobytes") and hasattr(value, "dtype"):  # numpy arrays and scalars
+        h.update(str(value.dtype).encode())
+        h.update(value.tobytes())
+    elif hasattr(value, "detach") and hasattr(value, "tolist"):  # a torch tensor (state bytes)
+        t = value.detach().cpu().contiguous()
+        try:
+            h.update(t.numpy().tobytes())
+        except Exception:
+            h.update(repr(t.tolist()).encode())
+    else:
+        h.update(repr(value).encode())
+
+
+def fingerprint(obj: object, kind: str) -> str:
+    """A short hash of the generator's state: equal states give equal fingerprints."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(kind.encode())
+    _feed(h, read_state(obj, kind))
+    return h.hexdigest()
+
+
+def report_name(worker_id: int) -> str:
+    return f"{REPORT_PREFIX}{worker_id}{REPORT_SUFFIX}"
+
+
+def write_report(report_dir: str, worker_id: int, report: dict[str, Any]) -> bool:
+    """Write one worker's report atomically; never raises (a missing directory is fine)."""
+    tmp = os.path.join(report_dir, f".{report_name(worker_id)}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(report, f)
+        os.replace(tmp, os.path.join(report_dir, report_name(worker_id)))
+    except Exception:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        return False
+    return True
+
+
+def read_reports(report_dir: str) -> dict[int, dict[str, Any]]:
+    """The reports written so far, by worker id; unreadable files are skipped."""
+    out: dict[int, dict[str, Any]] = {}
+    try:
+        names = os.listdir(report_dir)
+    except OSError:
+        return out
+    for name in names:
+        if not (name.startswith(REPORT_PREFIX) and name.endswith(REPORT_SUFFIX)):
+            continue
+        try:
+            worker_id = int(name[len(REPORT_PREFIX) : -len(REPORT_SUFFIX)])
+            with open(os.path.join(report_dir, name), encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict):
+            out[worker_id] = data
+    return out
+
+
+def worker_report(worker_id: int, dataset: object) -> dict[str, Any]:
+    """What one worker reports: the generators its dataset copy holds, fingerprinted."""
+    generators = []
+    for ref in find_generators(dataset):
+        try:
+            fp = fingerprint(ref.obj, ref.kind)
+        except Exception:
+            continue
+        generators.append({"path": ref.path, "type": ref.kind, "class": ref.cls, "fingerprint": fp})
+    return {"worker_id": worker_id, "pid": os.getpid(), "status": "ok", "generators": generators}
+
+
+class WorkerProbe:
+    """The ``worker_init_fn`` handed to workers: runs the user's, then reports fingerprints.
+
+    A module-level class so that it pickles under the spawn start method. The user's
+    function is called first, with the worker id; its exceptions propagate unchanged.
+    """
+
+    def __init__(self, init_fn: Callable[[int], None] | None, report_dir: str) -> None:
+        self.init_fn = init_fn
+        self.report_dir = report_dir
+
+    def __call__(self, worker_id: int) -> None:
+        if self.init_fn is not None:
+            try:
+                self.init_fn(worker_id)
+            except BaseException:
+                write_report(
+                    self.report_dir, worker_id, {"worker_id": worker_id, "status": "init-error"}
+                )
+                raise
+        try:
+            from torch.utils.data import get_worker_info
+
+            info = get_worker_info()
+            dataset = info.dataset if info is not None else None
+            report = worker_report(worker_id, dataset)
+        except Exception as exc:  # the probe must never break a worker
+            report = {"worker_id": worker_id, "status": "probe-error", "error": repr(exc)}
+        write_report(self.report_dir, worker_id, report)
+
+    def __repr__(self) -> str:
+        return f"WorkerProbe({self.init_fn!r})"

@@ -1,0 +1,545 @@
+"""Detect dataset-owned generators copied unchanged into every DataLoader worker."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import wrapt
+
+from rngaudit.errors import ConfigError, RNGAuditWarning, WorkerDuplicateStreamError
+from rngaudit.findings import PERSISTENT_WORKER_STREAM, WORKER_DUPLICATE_STREAM, Finding
+from rngaudit.worker_probe import GeneratorRef, WorkerProbe, find_generators, read_reports
+
+MODES = ("raise", "warn", "report")
+
+TORCH_DATALOADER = "torch.utils.data.dataloader"
+TORCHDATA_DATALOADER = "torchdata.stateful_dataloader.stateful_dataloader"
+# Iterator classes whose __init__ starts the worker processes.
+TARGETS = (
+    (TORCH_DATALOADER, "_MultiProcessingDataLoaderIter.__init__"),
+    (TORCHDATA_DATALOADER, "_StatefulMultiProcessingDataLoaderIter.__init__"),
+)
+
+_CHECK_ATTR = "_rngaudit_worker_check"
+_MARKER_ATTR = "_rngaudit_first_batch_check"
+_SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2}
+
+REMEDY = (
+    "Do not build the generator in the parent process. Either (1) set it to None in "
+    "__init__ and build it lazily inside the worker on first use, seeded from "
+    "torch.initial_seed() (already distinct per worker and per epoch), e.g. "
+    "np.random.default_rng(torch.initial_seed() % 2**32); or (2) reseed or rebuild it in "
+    "worker_init_fn from torch.utils.data.get_worker_info().seed (a module-level function "
+    "under spawn); or (3) derive it from the sample index in __getitem__, e.g. "
+    "np.random.default_rng([seed, epoch, index]), which makes each sample's randomness "
+    "independent of the number of workers."
+)
+PERSISTENT_REMEDY = (
+    "Build the generator inside each worker (lazily from torch.initial_seed(), or in "
+    "worker_init_fn) so that its stream no longer depends on persistent_workers; if it "
+    "must live on the dataset, fold the epoch number into its seed."
+)
+
+
+def _current_rank() -> int:
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank())
+    except Exception:
+        pass
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
+def _new_report_dir() -> str:
+    """A private directory for worker reports, named without drawing from any Python RNG."""
+    base = tempfile.gettempdir()
+    while True:
+        path = os.path.join(base, f"rngaudit-workers-{os.getpid()}-{os.urandom(6).hex()}")
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            continue
+        return path
+
+
+class _Patch:
+    """One attribute replaced by a wrapper; ``restore`` puts the original object back."""
+
+    def __init__(self, module: object, name: str, wrapper_fn: Callable[..., Any]) -> None:
+        self.parent, self.attribute, self.original = wrapt.resolve_path(module, name)
+        self.had_own = self.attribute in vars(self.parent)
+        self.wrapper = wrapt.FunctionWrapper(self.original, wrapper_fn)
+        setattr(self.parent, self.attribute, self.wrapper)
+
+    def restore(self) -> None:
+        if self.had_own:
+            setattr(self.parent, self.attribute, self.original)
+        elif self.attribute in vars(self.parent):
+            delattr(self.parent, self.attribute)
+
+
+# The patches are shared by all installed monitors: applied when the first one installs,
+# removed when the last one uninstalls (in any order), so the originals always come back.
+# The most recently installed monitor handles each new iterator.
+_state_lock = threading.RLock()
+_active: list[WorkerMonitor] = []
+_patches: list[_Patch] = []
+_hook_registered = False
+
+
+def _dispatch_init(
+    wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    with _state_lock:
+        monitor = _active[-1] if _active else None
+    if monitor is None or instance is None:
+        return wrapped(*args, **kwargs)
+    return monitor._wrap_init(wrapped, instance, args, kwargs)
+
+
+def _patch(module: object, target: str) -> None:
+    class_name = target.split(".")[0]
+    parent = getattr(module, class_name, None)
+    if parent is not None and not any(p.parent is parent for p in _patches):
+        _patches.append(_Patch(module, target, _dispatch_init))
+
+
+def _on_torchdata_import(module: object) -> None:
+    with _state_lock:
+        if _active:
+            _patch(module, TARGETS[1][1])
+
+
+def _apply_patches() -> None:
+    global _hook_registered
+    import torch.utils.data.dataloader as dataloader
+
+    _patch(dataloader, TARGETS[0][1])
+    module = sys.modules.get(TORCHDATA_DATALOADER)
+    if module is not None:
+        _patch(module, TARGETS[1][1])
+    elif not _hook_registered:
+        wrapt.register_post_import_hook(_on_torchdata_import, TORCHDATA_DATALOADER)
+        _hook_registered = True
+
+
+def _remove_patches() -> None:
+    while _patches:
+        _patches.pop().restore()
+
+
+# Per iterator class, a subclass whose __next__ runs the first-batch check once and then
+# turns the iterator back into its own class: no cost at all after the first batch.
+_subclass_lock = threading.Lock()
+_checking_subclasses: dict[type, type] = {}
+
+
+def _first_batch_next(self: Any) -> Any:
+    check: _IteratorCheck | None = vars(self).pop(_CHECK_ATTR, None)
+    cls = type(self)
+    if cls.__dict__.get(_MARKER_ATTR, False):
+        self.__class__ = cls.__base__
+    try:
+        batch = next(self)
+    except StopIteration:
+        if check is not None:
+            check.run(self)
+        raise
+    except BaseException:
+        if check is not None:
+            check.close()
+        raise
+    if check is not None:
+        check.run(self)
+    return batch
+
+
+def _checking_subclass(cls: type) -> type:
+    with _subclass_lock:
+        sub = _checking_subclasses.get(cls)
+        if sub is None:
+            namespace = {
+                "__next__": _first_batch_next,
+                "__module__": cls.__module__,
+                "__qualname__": cls.__qualname__,
+                _MARKER_ATTR: True,
+            }
+            sub = type(cls.__name__, (cls,), namespace)
+            _checking_subclasses[cls] = sub
+        return sub
+
+
+def _arm(iterator: Any, check: _IteratorCheck) -> None:
+    vars(iterator)[_CHECK_ATTR] = check
+    iterator.__class__ = _checking_subclass(type(iterator))
+    check.attach_finalizer(iterator)
+
+
+def _dataset_label(dataset: object) -> str:
+    cls = type(dataset)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _format_ids(ids: Sequence[int]) -> str:
+    return ", ".join(str(i) for i in ids)
+
+
+def analyse(
+    static: Sequence[GeneratorRef],
+    reports: dict[int, dict[str, Any]],
+    num_workers: int,
+    persistent: bool,
+    dataset: str = "",
+    rank: int = 0,
+) -> list[Finding]:
+    """Compare the worker fingerprints per path; the pure core of the first-batch check.
+
+    ``static`` are the generators found in the parent's dataset, ``reports`` the worker
+    reports by worker id. A path whose state is equal in two or more workers is a confirmed
+    duplicate (error); a statically found path that fewer than two workers reported on is
+    unconfirmed (warning); a path whose state differs in every worker is clean.
+    """
+    by_path: dict[str, dict[int, str]] = {}
+    types_of: dict[str, tuple[str, str]] = {}
+    ok_workers = sorted(w for w, r in reports.items() if r.get("status") == "ok")
+    for worker_id in ok_workers:
+        for gen in reports[worker_id].get("generators", []):
+            path = str(gen["path"])
+            by_path.setdefault(path, {})[worker_id] = str(gen["fingerprint"])
+            types_of.setdefault(path, (str(gen["type"]), str(gen.get("class", gen["type"]))))
+    for ref in static:
+        types_of.setdefault(ref.path, (ref.kind, ref.cls))
+    static_paths = {ref.path for ref in static}
+
+    findings: list[Finding] = []
+    persistent_paths: list[tuple[str, str, str]] = []
+    for path, (kind, cls) in types_of.items():
+        fps = by_path.get(path, {})
+        groups: dict[str, list[int]] = {}
+        for worker_id, fp in sorted(fps.items()):
+            groups.setdefault(fp, []).append(worker_id)
+        shared = sorted(g for g in groups.values() if len(g) >= 2)
+        details: dict[str, Any] = {
+            "path": path,
+            "type": kind,
+            "class": cls,
+            "dataset": dataset,
+            "num_workers": num_workers,
+            "persistent_workers": persistent,
+        }
+        if shared:
+            worker_ids = sorted(w for g in shared for w in g)
+            reporting, distinct = len(fps), len(groups)
+            groups_text = "; ".join(f"workers {_format_ids(g)}" for g in shared)
+            message = (
+                f"DataLoader workers {_format_ids(worker_ids)} share one random stream: "
+                f"{path} ({kind}) has the same state in {groups_text}. It was created before "
+                f"the workers started and copied into each one (PyTorch reseeds only the "
+                f"global torch, random and numpy generators per worker), so {reporting} "
+                f"workers draw {distinct} distinct stream{'s' if distinct != 1 else ''}: "
+                f"{distinct}/{reporting} of the intended augmentation diversity."
+            )
+            details.update(
+                worker_ids=worker_ids,
+                groups=shared,
+                reporting_workers=sorted(fps),
+                distinct_streams=distinct,
+                diversity=distinct / reporting,
+                confirmed=True,
+            )
+            findings.append(
+                Finding(
+                    kind=WORKER_DUPLICATE_STREAM,
+                    severity="error",
+                    message=message,
+                    ranks=[rank],
+                    generator=kind,
+                    remedy=REMEDY,
+                    details=details,
+                )
+            )
+            persistent_paths.append((path, kind, "warning"))
+        elif path in static_paths and len(fps) < 2 and num_workers >= 2:
+            expected = list(range(num_workers))
+            message = (
+                f"{path} ({kind}) is owned by the dataset and is copied unchanged into every "
+                f"DataLoader worker ({_format_ids(expected)}): unless each worker reseeds it, "
+                f"{num_workers} workers draw 1 distinct stream (1/{num_workers} of the "
+                f"intended diversity). Unconfirmed: {len(fps)} of {num_workers} workers "
+                f"reported their generator state in time."
+            )
+            details.update(
+                worker_ids=expected,
+                reporting_workers=sorted(fps),
+                distinct_streams=None,
+                diversity=1 / num_workers,
+                confirmed=False,
+            )
+            findings.append(
+                Finding(
+                    kind=WORKER_DUPLICATE_STREAM,
+                    severity="warning",
+                    message=message,
+                    ranks=[rank],
+                    generator=kind,
+                    remedy=REMEDY,
+                    details=details,
+                )
+            )
+            persistent_paths.append((path, kind, "warning"))
+        elif path in static_paths:
+            persistent_paths.append((path, kind, "info"))
+
+    if persistent:
+        for path, kind, severity in persistent_paths:
+            if severity == "warning":
+                message = (
+                    f"persistent_workers=True: {path} ({kind}) is owned by the dataset, so "
+                    f"each worker's copy continues its stream across epochs, whereas without "
+                    f"persistent workers every epoch restarts from the parent's copy: the "
+                    f"augmentation stream depends on a performance flag."
+                )
+            else:
+                message = (
+                    f"persistent_workers=True: {path} ({kind}) differs per worker; the "
+                    f"workers are started once, so its stream continues across epochs "
+                    f"instead of being reseeded each epoch."
+                )
+            findings.append(
+                Finding(
+                    kind=PERSISTENT_WORKER_STREAM,
+                    severity=severity,
+                    message=message,
+                    ranks=[rank],
+                    generator=kind,
+                    remedy=PERSISTENT_REMEDY,
+                    details={
+                        "path": path,
+                        "type": kind,
+                        "dataset": dataset,
+                        "num_workers": num_workers,
+                        "persistent_workers": True,
+                    },
+                )
+            )
+    return findings
+
+
+class _IteratorCheck:
+    """State of one iterator's first-batch check: where the reports land, what to compare."""
+
+    def __init__(
+        self,
+        monitor: WorkerMonitor,
+        static: list[GeneratorRef],
+        num_workers: int,
+        persistent: bool,
+        dataset: str,
+    ) -> None:
+        self.monitor = monitor
+        # Keep paths and types only: holding the parent's generators is not needed.
+        self.static = [GeneratorRef(r.path, r.kind, r.cls, None) for r in static]
+        self.num_workers = num_workers
+        self.persistent = persistent
+        self.dataset = dataset
+        self.report_dir = _new_report_dir()
+        self._finalizer: weakref.finalize[Any, Any] = weakref.finalize(
+            self, shutil.rmtree, self.report_dir, True
+        )
+
+    def attach_finalizer(self, iterator: object) -> None:
+        """Remove the report directory when the iterator goes, if the check never ran."""
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(iterator, shutil.rmtree, self.report_dir, True)
+
+    def close(self) -> None:
+        self._finalizer()
+
+    def wait_for_reports(self, iterator: object) -> dict[int, dict[str, Any]]:
+        """Reports of all live workers, or what arrived before the monitor's timeout."""
+        workers = getattr(iterator, "_workers", None)
+        deadline = time.monotonic() + self.monitor.timeout
+        pending = set(range(self.num_workers))
+        delay = 0.002
+        while True:
+            reports = read_reports(self.report_dir)
+            pending -= reports.keys()
+            if workers is not None:
+                pending = {w for w in pending if w < len(workers) and workers[w].is_alive()}
+            if not pending or time.monotonic() >= deadline:
+                break
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        return read_reports(self.report_dir)
+
+    def run(self, iterator: object) -> None:
+        """The first-batch check: wait for the reports, compare, emit; may raise."""
+        try:
+            reports = self.wait_for_reports(iterator)
+            findings = analyse(
+                self.static,
+                reports,
+                self.num_workers,
+                self.persistent,
+                dataset=self.dataset,
+                rank=_current_rank(),
+            )
+        except Exception as exc:  # the check must never break training
+            warnings.warn(
+                f"rngaudit: DataLoader worker check failed: {exc!r}", RNGAuditWarning, stacklevel=3
+            )
+            return
+        finally:
+            self.close()
+        self.monitor._publish(findings)
+
+
+class WorkerMonitor:
+    """Watches DataLoader iterators start their workers and checks the workers' generators.
+
+    ``sink`` receives every finding. ``mode``: ``raise`` raises
+    :class:`~rngaudit.errors.WorkerDuplicateStreamError` from the first ``__next__`` of an
+    iterator whose workers share a stream (other findings are warned), ``warn`` warns,
+    ``report`` only calls the sink. ``timeout`` bounds the first-batch wait for worker reports.
+    """
+
+    def __init__(
+        self, sink: Callable[[Finding], None], mode: str = "raise", timeout: float = 30.0
+    ) -> None:
+        if mode not in MODES:
+            raise ConfigError(f"WorkerMonitor mode must be one of {MODES}, not {mode!r}")
+        if not timeout >= 0:
+            raise ConfigError(f"WorkerMonitor timeout must be >= 0 seconds, not {timeout!r}")
+        self.sink = sink
+        self.mode = mode
+        self.timeout = float(timeout)
+        self._lock = threading.Lock()
+        self._emitted: dict[tuple[str, str, str], Finding] = {}
+
+    @property
+    def installed(self) -> bool:
+        with _state_lock:
+            return self in _active
+
+    @property
+    def findings(self) -> list[Finding]:
+        """Findings so far, one per (kind, dataset class, path); confirmed replaces unconfirmed."""
+        with self._lock:
+            return list(self._emitted.values())
+
+    def install(self) -> None:
+        """Patch the iterator classes that start workers; idempotent."""
+        with _state_lock:
+            if self in _active:
+                return
+            _active.append(self)
+            if len(_active) == 1:
+                try:
+                    _apply_patches()
+                except BaseException:
+                    _active.remove(self)
+                    _remove_patches()
+                    raise
+
+    def uninstall(self) -> None:
+        """Put the original iterator methods back once no monitor is installed.
+
+        Iterators whose workers were started while installed keep their first-batch check.
+        """
+        with _state_lock:
+            if self in _active:
+                _active.remove(self)
+            if not _active:
+                _remove_patches()
+
+    def _wrap_init(
+        self,
+        wrapped: Callable[..., Any],
+        instance: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        loader: Any = args[0] if args else kwargs.get("loader")
+        check = self._prepare(loader)
+        if check is None:
+            return wrapped(*args, **kwargs)
+        user_fn = loader.worker_init_fn
+        try:
+            loader.worker_init_fn = WorkerProbe(user_fn, check.report_dir)
+        except Exception:  # a loader that refuses the swap is run unaudited
+            check.close()
+            return wrapped(*args, **kwargs)
+        try:
+            result = wrapped(*args, **kwargs)
+        except BaseException:
+            check.close()
+            raise
+        finally:
+            loader.worker_init_fn = user_fn
+        _arm(instance, check)
+        return result
+
+    def _prepare(self, loader: Any) -> _IteratorCheck | None:
+        """Static scan of the loader's dataset; a check only when it holds generators."""
+        try:
+            num_workers = int(loader.num_workers)
+            if num_workers <= 0 or isinstance(loader.worker_init_fn, WorkerProbe):
+                return None
+            dataset = loader.dataset
+            static = find_generators(dataset)
+            if not static:
+                return None
+            return _IteratorCheck(
+                self,
+                static,
+                num_workers,
+                bool(getattr(loader, "persistent_workers", False)),
+                _dataset_label(dataset),
+            )
+        except Exception as exc:  # never break the user's loader
+            warnings.warn(
+                f"rngaudit: cannot scan the DataLoader dataset for generators: {exc!r}",
+                RNGAuditWarning,
+                stacklevel=4,
+            )
+            return None
+
+    def _publish(self, findings: list[Finding]) -> None:
+        """Sink and warn new or escalated findings; in raise mode, raise confirmed ones."""
+        errors: list[Finding] = []
+        for finding in findings:
+            if finding.severity == "error":
+                errors.append(finding)
+            key = (
+                finding.kind,
+                str(finding.details.get("dataset", "")),
+                str(finding.details.get("path", "")),
+            )
+            with self._lock:
+                previous = self._emitted.get(key)
+                if previous is not None and (
+                    _SEVERITY_RANK[previous.severity] >= _SEVERITY_RANK[finding.severity]
+                ):
+                    continue
+                self._emitted[key] = finding
+            self.sink(finding)
+            if self.mode == "report" or finding.severity == "info":
+                continue
+            if self.mode == "raise" and finding.severity == "error":
+                continue  # raised below instead
+            warnings.warn(finding.message, RNGAuditWarning, stacklevel=4)
+        if self.mode == "raise" and errors:
+            raise WorkerDuplicateStreamError("\n".join(f.message for f in errors) + "\n" + REMEDY)
