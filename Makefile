@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml requirements-test.txt
 install: $(STAMP)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check rngaudit tests examples benchmarks
+	$(VENV)/bin/ruff check .
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy --strict rngaudit

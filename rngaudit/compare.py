@@ -10,6 +10,7 @@ from rngaudit.callsite import short_path
 from rngaudit.findings import Finding
 
 GLOBAL_TORCH = "torch.default_generator"
+UNSEEN = "<not loaded>"  # a generator absent at entry and never drawn from
 
 SAMPLER_REMEDY = (
     "Seed every rank identically before prepare(): accelerate.utils.set_seed(SEED) "
@@ -73,11 +74,15 @@ def _entry_state(record: dict[str, Any], generator: str) -> Any:
     for event in sorted(record.get("events", []), key=lambda e: int(e.get("seq", 0))):
         if event.get("generator") == generator:
             return event.get("fingerprint")
-    return None
+    return UNSEEN
 
 
 def _entry_differs(records: list[dict[str, Any]], generator: str) -> bool:
     return len({_entry_state(r, generator) for r in records}) > 1
+
+
+def _unseen_at_entry(records: list[dict[str, Any]], generator: str) -> bool:
+    return any(_entry_state(r, generator) is UNSEEN for r in records)
 
 
 def _origin(records: list[dict[str, Any]]) -> list[str]:
@@ -286,12 +291,14 @@ def _state_divergence(
         if len(set(values.values())) <= 1:
             continue
         at_entry = _entry_differs(records, name)
-        severity = "warning" if (not at_entry and consumption_differs) else "info"
-        origin = (
-            "It already differed when the audit began (per-rank or missing seeding)."
-            if at_entry
-            else "It was equal when the audit began: unequal draws inside the audit split it."
-        )
+        unseen = _unseen_at_entry(records, name)
+        severity = "warning" if (not at_entry and not unseen and consumption_differs) else "info"
+        if unseen:
+            origin = "Its library was loaded during the audit, seeded differently on each rank."
+        elif at_entry:
+            origin = "It already differed when the audit began (per-rank or missing seeding)."
+        else:
+            origin = "It was equal when the audit began: unequal draws inside the audit split it."
         out.append(
             Finding(
                 kind=fk.STATE_DIVERGENCE,
