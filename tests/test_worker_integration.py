@@ -6,20 +6,22 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import run_python
 from torch.utils.data import DataLoader
 from worker_datasets import LazyDataset, OwnedDataset
 
 import rngaudit
-from conftest import run_python
 
 pytestmark = pytest.mark.timeout(300)
 
 
 def test_audit_block_raises_by_the_first_batch(report_dir: Path) -> None:
     loader = DataLoader(OwnedDataset("numpy"), batch_size=2, num_workers=2)
-    with pytest.raises(rngaudit.WorkerDuplicateStreamError, match=r"dataset\.rng"):
-        with rngaudit.audit(report_dir=report_dir):
-            next(iter(loader))
+    with (
+        pytest.raises(rngaudit.WorkerDuplicateStreamError, match=r"dataset\.rng"),
+        rngaudit.audit(report_dir=report_dir),
+    ):
+        next(iter(loader))
     merged = json.loads((report_dir / "report.json").read_text())
     kinds = {(f["kind"], f["severity"]) for f in merged["findings"]}
     assert ("worker-duplicate-stream", "error") in kinds
