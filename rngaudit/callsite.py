@@ -6,6 +6,7 @@ import os
 import sys
 import sysconfig
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from types import CodeType, FrameType
 from typing import Any
 
@@ -73,20 +74,31 @@ class CallSite:
         return {"file": self.file, "line": self.line, "function": self.function}
 
     def short(self) -> str:
-        return f"{short_path(self.file)}:{self.line} in {self.function}"
+        return format_site(self.to_dict())
 
 
-def short_path(path: str) -> str:
-    """A path shortened for humans: relative to site-packages, or as given."""
-    marker = "site-packages" + os.sep
-    idx = path.rfind(marker)
-    if idx >= 0:
-        return path[idx + len(marker) :]
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:
-        return path
-    return path if rel.startswith(".." + os.sep + "..") else rel
+_PACKAGE_DIRS = ("site-packages/", "dist-packages/")
+
+
+def short_path(file: str) -> str:
+    """``torch/utils/data/sampler.py`` for installed packages, the base name for user files."""
+    posix = file.replace("\\", "/")
+    for marker in _PACKAGE_DIRS:
+        if marker in posix:
+            return posix.rsplit(marker, 1)[1]
+    if posix.startswith("<"):  # <string>, <frozen runpy>, <stdin>
+        return posix
+    return PurePosixPath(posix).name or posix
+
+
+def format_site(site: dict[str, Any] | None, *, function: bool = True) -> str:
+    """A call site as ``file:line in function`` with the file shortened; ``""`` for none."""
+    if not site:
+        return ""
+    text = f"{short_path(str(site.get('file', '?')))}:{site.get('line', '?')}"
+    if function and site.get("function"):
+        text += f" in {site['function']}"
+    return text
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from collections import Counter
 from typing import Any
 
 from rngaudit import findings as fk
-from rngaudit.callsite import short_path
+from rngaudit.callsite import format_site
 from rngaudit.findings import Finding
 
 GLOBAL_TORCH = "torch.default_generator"
@@ -33,9 +33,7 @@ STATE_REMEDY = (
 
 
 def _site(cs: dict[str, Any] | None) -> str:
-    if not cs:
-        return "<unknown>"
-    return f"{short_path(str(cs['file']))}:{cs['line']} in {cs['function']}"
+    return format_site(cs) or "<unknown>"
 
 
 def _family(generator: str) -> str:

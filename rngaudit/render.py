@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import textwrap
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 from typing import Any
 
+from rngaudit.callsite import format_site
 from rngaudit.findings import Finding
 from rngaudit.report import AuditReport
 
@@ -19,7 +19,6 @@ _GAP = "  "
 _PREFIX = 8  # ">> " marker, position right-aligned in 3, two spaces
 _LABEL = 12  # "user code:" and friends, padded
 _INDENT = "    "
-_PACKAGE_DIRS = ("site-packages/", "dist-packages/")
 
 Event = dict[str, Any]
 
@@ -70,27 +69,6 @@ def render_summary(report: AuditReport, *, width: int = WIDTH) -> str:
         line = f"rngaudit:   {finding.severity} {finding.kind}: {finding.message}"
         lines.append(_fit(line, width))
     return "\n".join(lines) + "\n"
-
-
-def short_path(file: str) -> str:
-    """``torch/utils/data/sampler.py`` for installed packages, the base name for user files."""
-    posix = file.replace("\\", "/")
-    for marker in _PACKAGE_DIRS:
-        if marker in posix:
-            return posix.rsplit(marker, 1)[1]
-    if posix.startswith("<"):  # <string>, <frozen runpy>, <stdin>
-        return posix
-    return PurePosixPath(posix).name or posix
-
-
-def format_site(site: dict[str, Any] | None, *, function: bool = True) -> str:
-    """A call site as ``file:line in function`` with the file shortened; ``""`` for none."""
-    if not site:
-        return ""
-    text = f"{short_path(str(site.get('file', '?')))}:{site.get('line', '?')}"
-    if function and site.get("function"):
-        text += f" in {site['function']}"
-    return text
 
 
 def format_ranks(ranks: list[int]) -> str:

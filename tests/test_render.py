@@ -16,17 +16,16 @@ from typing import Any
 
 import pytest
 
+from rngaudit.callsite import format_site, short_path
 from rngaudit.findings import Finding
 from rngaudit.render import (
     MAX_TIMELINE_ROWS,
     WIDTH,
     format_ranks,
-    format_site,
     render_json,
     render_markdown,
     render_summary,
     render_text,
-    short_path,
 )
 from rngaudit.report import AuditReport
 from rngaudit.report_load import load_report_dir

@@ -52,7 +52,7 @@ def test_unmodified_repro_passes_seeded(tmp_path: Path) -> None:
     merged = load(tmp_path / "report.json")
     assert merged["verdict"] in ("ok", "warning")
     labels = [a["label"] for a in merged["audits"]]  # type: ignore[index]
-    assert labels[0].startswith("Accelerator.prepare() at examples/repro_prepare_prefetch.py:")
+    assert labels[0].startswith("Accelerator.prepare() at repro_prepare_prefetch.py:")
     assert labels[-1] == "first DataLoader iteration"
 
 
