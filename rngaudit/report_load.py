@@ -104,6 +104,7 @@ def load_report_dir(path: str | os.PathLike[str]) -> AuditReport:
                     f"{report_path} is from run {report.run_id!r} but {rank_file.path} is from "
                     f"run {rank_file.run_id!r}: remove the stale files or use separate directories"
                 )
+        _add_rank_local_findings(report, rank_files)
         return report
     if not rank_files:
         raise ReportError(
@@ -111,6 +112,18 @@ def load_report_dir(path: str | os.PathLike[str]) -> AuditReport:
             f"(expected {MERGED_FILE} or {RANK_FILE.format(rank='<R>')})"
         )
     return _merge(rank_files)
+
+
+def _add_rank_local_findings(report: AuditReport, rank_files: list[_RankFile]) -> None:
+    """Findings only another rank knows (its DataLoader worker checks, made after rank 0
+    wrote ``report.json``) are carried over from that rank's file."""
+    seen = {json.dumps(f.to_dict(), sort_keys=True) for f in report.findings}
+    for rank_file in rank_files:
+        for finding in rank_file.findings:
+            key = json.dumps(finding.to_dict(), sort_keys=True)
+            if key not in seen:
+                seen.add(key)
+                report.findings.append(finding)
 
 
 def _rank_files(directory: Path) -> list[tuple[int, Path]]:

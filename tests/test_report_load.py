@@ -364,3 +364,20 @@ def test_malformed_rank_file_next_to_report_json(tmp_path: Path) -> None:
     shutil.copytree(DATA / "clean", tmp_path / "r")
     write(tmp_path / "r", "rank-1.json", "[]")
     assert "rank-1.json: top level is an array" in load_error(tmp_path / "r")
+
+
+def test_findings_only_a_rank_file_has_are_merged_into_report_json(tmp_path: Path) -> None:
+    """A worker check on rank 1 after rank 0 wrote report.json is not lost."""
+    import shutil
+
+    src = Path(__file__).parent / "data" / "clean"
+    shutil.copytree(src, tmp_path / "r")
+    rank1 = tmp_path / "r" / "rank-1.json"
+    doc = json.loads(rank1.read_text())
+    doc["findings"].append(
+        {"kind": "worker-duplicate-stream", "severity": "error", "message": "m", "ranks": [1]}
+    )
+    rank1.write_text(json.dumps(doc))
+    report = load_report_dir(tmp_path / "r")
+    assert report.verdict == "error"
+    assert [f.ranks for f in report.findings if f.kind == "worker-duplicate-stream"] == [[1]]
