@@ -28,7 +28,7 @@ if rank == 0:
         result["kinds"] = [f.kind for f in a.report.findings] if a.report else []
     result["elapsed"] = time.monotonic() - start
 else:
-    time.sleep(8)  # busy elsewhere, never audits
+    time.sleep(12)  # busy elsewhere, never audits
 with open(f"{out}/result-{rank}.json", "w") as fh:
     json.dump(result, fh)
 dist.destroy_process_group()
