@@ -8,7 +8,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from types import CodeType, FrameType
-from typing import Any
+from typing import Any, NamedTuple
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
@@ -62,9 +62,8 @@ def classify(filename: str) -> int:
     return kind
 
 
-@dataclass(frozen=True)
-class CallSite:
-    """A source line: file, line number and function."""
+class CallSite(NamedTuple):
+    """A source line: file, line number and function (a tuple: cheap to hash as a key)."""
 
     file: str
     line: int

@@ -44,7 +44,7 @@ def _cuda_default(torch: Any, index: int | None) -> GenInfo:
 def _device_of(torch: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     device = kwargs.get("device")
     if device is not None:
-        return torch.device(device)
+        return device if isinstance(device, torch.device) else torch.device(device)
     for arg in args:
         if isinstance(arg, torch.Tensor):
             return arg.device
@@ -57,6 +57,14 @@ class TorchInstrumentation:
     def __init__(self, recorder: Recorder) -> None:
         self.rec = recorder
         self.mode: Any = None
+        self._cpu_info: GenInfo | None = None
+
+    def _cpu(self, stack: Stack) -> GenInfo:
+        if self._cpu_info is None:
+            import torch
+
+            self._cpu_info = _default_cpu(torch)
+        return self._cpu_info
 
     # -- which generator ---------------------------------------------------------------------
     def _explicit(self, torch: Any, gen: Any, stack: Stack) -> GenInfo:
@@ -79,18 +87,22 @@ class TorchInstrumentation:
     def _resolve(
         self, torch: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Callable[[Stack], GenInfo | None]:
-        def resolve(stack: Stack) -> GenInfo | None:
-            gen = kwargs.get("generator")
-            if gen is not None:
-                return self._explicit(torch, gen, stack)
+        gen = kwargs.get("generator")
+        if gen is None:
             device = _device_of(torch, args, kwargs)
             if device is None or device.type == "cpu":
-                return _default_cpu(torch)
-            if device.type == "cuda":
-                return _cuda_default(torch, device.index)
-            return f"torch.{device.type}.default_generator", lambda: None
+                return self._cpu  # the common case: no per-call closure
+        return lambda stack: self._resolve_slow(torch, gen, args, kwargs, stack)
 
-        return resolve
+    def _resolve_slow(
+        self, torch: Any, gen: Any, args: tuple[Any, ...], kwargs: dict[str, Any], stack: Stack
+    ) -> GenInfo | None:
+        if gen is not None:
+            return self._explicit(torch, gen, stack)
+        device = _device_of(torch, args, kwargs)
+        if device.type == "cuda":
+            return _cuda_default(torch, device.index)
+        return f"torch.{device.type}.default_generator", lambda: None
 
     # -- install -------------------------------------------------------------------------------
     def install(self) -> None:
@@ -101,7 +113,7 @@ class TorchInstrumentation:
 
         rec = self.rec
         seeded_tag = torch.Tag.nondeterministic_seeded
-        seeded: dict[Any, bool] = {}
+        op_names: dict[Any, str | None] = {}  # op -> report name, None when not seeded
         outer = self
 
         class RNGAuditMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
@@ -119,12 +131,15 @@ class TorchInstrumentation:
                 kwargs: dict[str, Any] | None = None,
             ) -> Any:
                 kwargs = kwargs or {}
-                is_seeded = seeded.get(func)
-                if is_seeded is None:
-                    is_seeded = seeded[func] = seeded_tag in func.tags
-                if not is_seeded or not rec.enabled or rec.busy():
+                try:
+                    op = op_names[func]
+                except KeyError:
+                    seeded = seeded_tag in func.tags
+                    op = f"aten.{func.overloadpacket.__name__}" if seeded else None
+                    op_names[func] = op
+                if op is None or not rec.enabled or rec.busy():
                     return func(*args, **kwargs)
-                return outer._record_op(torch, func, args, kwargs)
+                return outer._record_op(torch, func, op, args, kwargs)
 
         for module_name, attr, kind in SEEDING:
             try:
@@ -144,7 +159,7 @@ class TorchInstrumentation:
             mode.__exit__(None, None, None)
 
     def _record_op(
-        self, torch: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, torch: Any, func: Any, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         import sys
 
@@ -156,7 +171,7 @@ class TorchInstrumentation:
             with contextlib.suppress(Exception):
                 event = rec.record(
                     self._resolve(torch, args, kwargs),
-                    f"aten.{func.overloadpacket.__name__}",
+                    op,
                     DRAW,
                     sys._getframe(1),
                 )
