@@ -121,8 +121,15 @@ class Recorder:
             log.warning("rngaudit: %d undo step(s) failed: %r", len(errors), errors[0])
 
     def disable_in_child(self) -> None:
-        """After fork: a child (DataLoader worker) must not record or be perturbed."""
+        """After fork: a child (DataLoader worker) must not record, nor pay for the
+        instrumentation it inherited: pop the dispatch mode, undo every patch."""
         self.enabled = False
+        self._depth = 0
+        self._outer_indices.clear()
+        try:
+            self.uninstrument()
+        except Exception:  # never break a worker over the auditor
+            log.debug("rngaudit: could not uninstrument a forked child", exc_info=True)
 
     # -- recording -------------------------------------------------------------------------
     @contextlib.contextmanager

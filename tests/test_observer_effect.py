@@ -164,3 +164,13 @@ def test_an_audit_object_cannot_be_entered_twice(report_dir: Path) -> None:
     a = rngaudit.audit(report_dir=report_dir)
     with a, pytest.raises(rngaudit.RNGAuditError):
         a.__enter__()
+
+
+def test_forked_workers_do_not_inherit_the_instrumentation(tmp_path: Path) -> None:
+    import json
+
+    from conftest import run_python
+
+    proc = run_python(["tests/envmode/forked_worker_mode.py", str(tmp_path)])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout) == [1.0, 1.0, 1.0, 1.0]

@@ -1,0 +1,35 @@
+"""Workers forked inside an audit window must not inherit its dispatch mode or patches."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+
+import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+from torch.utils.data import DataLoader, Dataset
+
+import rngaudit
+
+
+class Probe(Dataset[torch.Tensor]):
+    def __init__(self, original_random: object) -> None:
+        self.original_random = original_random
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        clean = _get_current_dispatch_mode() is None and random.random is self.original_random
+        return torch.tensor([float(clean)])
+
+
+if __name__ == "__main__":
+    loader = DataLoader(
+        Probe(random.random), batch_size=2, num_workers=2, multiprocessing_context="fork"
+    )
+    with rngaudit.audit(report_dir=sys.argv[1], mode="report"):
+        it = iter(loader)  # workers fork inside the window
+    values = [v for batch in it for v in batch.flatten().tolist()]
+    print(json.dumps(values))
