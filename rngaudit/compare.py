@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections import Counter
 from typing import Any
 
 from rngaudit import findings as fk
 from rngaudit.callsite import format_site
-from rngaudit.findings import Finding
+from rngaudit.findings import Finding, format_ranks
 
 GLOBAL_TORCH = "torch.default_generator"
 UNSEEN = "<not loaded>"  # a generator absent at entry and never drawn from
@@ -41,18 +43,62 @@ def _family(generator: str) -> str:
 
 
 def _groups(values: dict[int, Any]) -> str:
+    """``rank 0: a; ranks 1-7: b``: ranks grouped by value."""
     by_value: dict[Any, list[int]] = {}
     for rank, value in sorted(values.items()):
         by_value.setdefault(value, []).append(rank)
     parts = []
     for value, ranks in by_value.items():
-        who = "rank " + str(ranks[0]) if len(ranks) == 1 else "ranks " + _ranks(ranks)
+        who = "rank " + str(ranks[0]) if len(ranks) == 1 else "ranks " + format_ranks(ranks)
         parts.append(f"{who}: {value}")
     return "; ".join(parts)
 
 
-def _ranks(ranks: list[int]) -> str:
-    return ", ".join(str(r) for r in ranks)
+def signature(record: dict[str, Any]) -> str:
+    """A digest of everything the rules compare in a rank record.
+
+    Each rank computes its own before the exchange; ranks with equal signatures are compared
+    once, through one representative, so comparing thousands of ranks stays cheap.
+    """
+    events = [
+        (
+            e.get("audit"), e.get("generator"), e.get("op"), e.get("kind"), e.get("phase"),
+            e.get("count"), e.get("fingerprint"), e.get("sampler"),
+            (e.get("call_site") or {}).get("file"), (e.get("call_site") or {}).get("line"),
+            (e.get("user_call_site") or {}).get("file"),
+            (e.get("user_call_site") or {}).get("line"),
+        )
+        for e in sorted(record.get("events", []), key=lambda e: int(e.get("seq", 0)))
+    ]  # fmt: skip
+    payload = [
+        events,
+        record.get("states"),
+        record.get("initial_seeds"),
+        bool(record.get("from_start")),
+    ]
+    data = json.dumps(payload, sort_keys=True, default=str).encode("utf-8")
+    return hashlib.blake2b(data, digest_size=12).hexdigest()
+
+
+class _Groups:
+    """Ranks with equal records, each represented by its lowest rank."""
+
+    def __init__(self, records: list[dict[str, Any]]) -> None:
+        by_sig: dict[str, list[dict[str, Any]]] = {}
+        for r in records:
+            by_sig.setdefault(str(r.get("signature") or signature(r)), []).append(r)
+        self.representatives = [group[0] for group in by_sig.values()]
+        self.members = {
+            int(group[0]["rank"]): sorted(int(r["rank"]) for r in group)
+            for group in by_sig.values()
+        }
+
+    def expand(self, values: dict[int, Any]) -> dict[int, Any]:
+        """Per-representative values, per rank."""
+        return {m: v for rep, v in values.items() for m in self.members.get(rep, [rep])}
+
+    def ranks(self, reps: Any) -> list[int]:
+        return sorted(m for rep in reps for m in self.members.get(rep, [rep]))
 
 
 def _pre_iteration(record: dict[str, Any], audit: int) -> list[dict[str, Any]]:
@@ -83,12 +129,13 @@ def _unseen_at_entry(records: list[dict[str, Any]], generator: str) -> bool:
     return any(_entry_state(r, generator) is UNSEEN for r in records)
 
 
-def _origin(records: list[dict[str, Any]]) -> list[str]:
+def _origin(records: list[dict[str, Any]], groups: _Groups) -> list[str]:
     """Why the global torch RNG differed, as far as the records tell."""
     seeds = {int(r["rank"]): r.get("initial_seeds", {}).get(GLOBAL_TORCH) for r in records}
     if None not in seeds.values() and len(set(seeds.values())) > 1:
         return [
-            f"The ranks' torch seeds differ ({_groups(seeds)}): torch picks a random seed at "
+            f"The ranks' torch seeds differ ({_groups(groups.expand(seeds))}): torch picks a "
+            "random seed at "
             "import unless every rank seeds it, and set_seed(..., device_specific=True) adds "
             "the rank to the seed."
         ]
@@ -124,8 +171,8 @@ def compare(
                 kind=fk.RANK_MISSING,
                 severity="error",
                 message=(
-                    f"Rank(s) {_ranks(missing)} did not arrive at the rngaudit exchange"
-                    f"{waited} (arrived: {_ranks(arrived)}); their draws were not compared."
+                    f"Rank(s) {format_ranks(missing)} did not arrive at the rngaudit exchange"
+                    f"{waited} (arrived: {format_ranks(arrived)}); their draws were not compared."
                 ),
                 ranks=list(missing),
                 remedy="Check that every rank runs the audited block the same number of times "
@@ -134,18 +181,20 @@ def compare(
                 details={"arrived": arrived},
             )
         )
-    if len(records) < 2:
-        return out
-    mismatch = _consumption_mismatch(records, audit)
-    out.extend(_sampler_divergence(records, audit, mismatch))
+    groups = _Groups(records)
+    reps = groups.representatives
+    if len(reps) < 2:
+        return out  # every rank recorded the same: nothing differs
+    mismatch = _consumption_mismatch(reps, audit, groups)
+    out.extend(_sampler_divergence(reps, audit, mismatch, groups))
     if mismatch is not None:
         out.append(mismatch)
-    out.extend(_state_divergence(records, audit, mismatch is not None))
+    out.extend(_state_divergence(reps, audit, mismatch is not None, groups))
     return out
 
 
 def _sampler_divergence(
-    records: list[dict[str, Any]], audit: int, mismatch: Finding | None
+    records: list[dict[str, Any]], audit: int, mismatch: Finding | None, groups: _Groups
 ) -> list[Finding]:
     per_rank = {
         int(r["rank"]): [
@@ -168,7 +217,8 @@ def _sampler_divergence(
         if len(set(fps.values())) <= 1 and len(set(outputs.values())) <= 1:
             continue
         reported.add(loader_key)
-        out.append(_sampler_finding(records, audit, first, fps, outputs, mismatch))
+        fps, outputs = groups.expand(fps), groups.expand(outputs)
+        out.append(_sampler_finding(records, audit, first, fps, outputs, mismatch, groups))
     return out
 
 
@@ -179,6 +229,7 @@ def _sampler_finding(
     fps: dict[int, Any],
     outputs: dict[int, Any],
     mismatch: Finding | None,
+    groups: _Groups,
 ) -> Finding:
     sampler = event["sampler"]
     generator = str(event["generator"])
@@ -194,7 +245,7 @@ def _sampler_finding(
         "unsynchronized: the ranks shard different permutations, and epoch 0 duplicates some "
         "samples and drops others. Nothing else will report this.",
     ]
-    lines.extend(_origin(records))
+    lines.extend(_origin(records, groups))
     if mismatch is not None:
         lines.append(f"First unequal draw before it: {mismatch.details.get('first', '')}.")
     return Finding(
@@ -222,7 +273,9 @@ def _consumption_key(e: dict[str, Any]) -> tuple[str, str, str, int]:
     return (_family(str(e["generator"])), str(e["op"]), str(cs.get("file")), int(cs.get("line", 0)))
 
 
-def _consumption_mismatch(records: list[dict[str, Any]], audit: int) -> Finding | None:
+def _consumption_mismatch(
+    records: list[dict[str, Any]], audit: int, groups: _Groups
+) -> Finding | None:
     counts: dict[int, Counter[tuple[str, str, str, int]]] = {}
     first_seen: dict[tuple[str, str, str, int], tuple[int, dict[str, Any]]] = {}
     for r in records:
@@ -243,19 +296,15 @@ def _consumption_mismatch(records: list[dict[str, Any]], audit: int) -> Finding 
         return None
     differing.sort(key=lambda k: first_seen[k][0])
     descriptions = []
-    ranks: set[int] = set()
+    ranks = groups.ranks(counts)
     for key in differing[:3]:
         e = first_seen[key][1]
-        per_rank = {rank: c.get(key, 0) for rank, c in counts.items()}
-        top = max(per_rank.values())
-        ranks.update(rank for rank, n in per_rank.items() if n != top or n == 0)
-        ranks.update(rank for rank, n in per_rank.items() if n == top)
+        per_rank = groups.expand({rank: f"x{c.get(key, 0)}" for rank, c in counts.items()})
         where = _site(e.get("call_site"))
         user = e.get("user_call_site")
         via = f" (from {_site(user)})" if user and user != e.get("call_site") else ""
         descriptions.append(
-            f"{e['op']} on {_family(str(e['generator']))} at {where}{via}: "
-            + ", ".join(f"rank {rank} x{n}" for rank, n in sorted(per_rank.items()))
+            f"{e['op']} on {_family(str(e['generator']))} at {where}{via}: {_groups(per_rank)}"
         )
     first_event = first_seen[differing[0]][1]
     more = f" (and {len(differing) - 3} more)" if len(differing) > 3 else ""
@@ -266,7 +315,7 @@ def _consumption_mismatch(records: list[dict[str, Any]], audit: int) -> Finding 
         + "; ".join(descriptions)
         + more
         + ". From that draw on, generators that were equal across ranks are not.",
-        ranks=sorted(ranks),
+        ranks=ranks,
         generator=str(first_event["generator"]),
         call_site=first_event.get("call_site"),
         user_call_site=first_event.get("user_call_site"),
@@ -277,7 +326,7 @@ def _consumption_mismatch(records: list[dict[str, Any]], audit: int) -> Finding 
 
 
 def _state_divergence(
-    records: list[dict[str, Any]], audit: int, consumption_differs: bool
+    records: list[dict[str, Any]], audit: int, consumption_differs: bool, groups: _Groups
 ) -> list[Finding]:
     exits = [r.get("states", {}).get("exit", {}) for r in records]
     names = sorted(set.intersection(*(set(s) for s in exits))) if exits else []
@@ -288,6 +337,7 @@ def _state_divergence(
         values = {int(r["rank"]): r.get("states", {}).get("exit", {}).get(name) for r in records}
         if len(set(values.values())) <= 1:
             continue
+        values = groups.expand(values)
         at_entry = _entry_differs(records, name)
         unseen = _unseen_at_entry(records, name)
         severity = "warning" if (not at_entry and not unseen and consumption_differs) else "info"

@@ -7,6 +7,7 @@ import sys
 import time
 import zlib
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 KEY_PREFIX = "rngaudit"
@@ -65,22 +66,24 @@ def exchange(record: dict[str, Any], key: str, timeout: float) -> Exchanged:
     keys = [f"{KEY_PREFIX}/{key}/{r}" for r in range(world)]
     store.set(keys[rank], encode(record))
     start = time.monotonic()
-    deadline = start + timeout
-    pending = set(range(world))
-    pending.discard(rank)
-    delay = 0.005
-    while pending:
-        for r in sorted(pending):
-            if store.check([keys[r]]):
-                pending.discard(r)
-        if not pending or time.monotonic() >= deadline:
-            break
-        time.sleep(delay)
-        delay = min(delay * 2, 0.1)
-    records: list[dict[str, Any]] = []
-    for r in range(world):
-        if r == rank:
-            records.append(record)
-        elif r not in pending:
-            records.append(decode(store.get(keys[r])))
-    return Exchanged(records, world, rank, sorted(pending), time.monotonic() - start)
+    others = [r for r in range(world) if r != rank]
+    try:
+        store.wait([keys[r] for r in others], timedelta(seconds=timeout))
+        missing: list[int] = []
+    except Exception:  # the store's timeout (DistStoreError): find out who is missing
+        missing = [r for r in others if not store.check([keys[r]])]
+    arrived = [r for r in others if r not in missing]
+    payloads = _get_all(store, [keys[r] for r in arrived])
+    received = dict(zip(arrived, payloads, strict=True))
+    records = [
+        record if r == rank else decode(received[r]) for r in range(world) if r not in missing
+    ]
+    return Exchanged(records, world, rank, missing, time.monotonic() - start)
+
+
+def _get_all(store: Any, keys: list[str]) -> list[bytes]:
+    if not keys:
+        return []
+    if hasattr(store, "multi_get"):
+        return list(store.multi_get(keys))
+    return [store.get(k) for k in keys]

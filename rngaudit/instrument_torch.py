@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
+from sys import _getframe
 from typing import Any
 
 from rngaudit import fingerprint, naming
@@ -161,20 +161,14 @@ class TorchInstrumentation:
     def _record_op(
         self, torch: Any, func: Any, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        import sys
-
         rec = self.rec
         local = rec._local
         local.busy = True
         try:
-            event = None
-            with contextlib.suppress(Exception):
-                event = rec.record(
-                    self._resolve(torch, args, kwargs),
-                    op,
-                    DRAW,
-                    sys._getframe(1),
-                )
+            try:
+                event = rec.record(self._resolve(torch, args, kwargs), op, DRAW, _getframe(1))
+            except Exception:  # the auditor must never break what it audits
+                event = None
             out = func(*args, **kwargs)
             if event is not None and event.sampler is not None:
                 try:

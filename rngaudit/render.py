@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rngaudit.callsite import format_site
-from rngaudit.findings import Finding
+from rngaudit.findings import Finding, format_ranks
 from rngaudit.report import AuditReport
 
 WIDTH = 100
@@ -69,19 +69,6 @@ def render_summary(report: AuditReport, *, width: int = WIDTH) -> str:
         line = f"rngaudit:   {finding.severity} {finding.kind}: {finding.message}"
         lines.append(_fit(line, width))
     return "\n".join(lines) + "\n"
-
-
-def format_ranks(ranks: list[int]) -> str:
-    """``0-3, 5, 6``: sorted, with runs of three or more consecutive ranks as ranges."""
-    parts: list[str] = []
-    ordered = sorted(set(ranks))
-    start = 0
-    for i, rank in enumerate(ordered):
-        if i + 1 == len(ordered) or ordered[i + 1] != rank + 1:
-            run = ordered[start : i + 1]
-            parts += [f"{run[0]}-{rank}"] if len(run) > 2 else [str(r) for r in run]
-            start = i + 1
-    return ", ".join(parts)
 
 
 # Shared pieces -----------------------------------------------------------------------------

@@ -19,7 +19,7 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=1, sort_keys=False)
+            json.dump(data, fh, separators=(",", ":"))  # compact: 4x faster to write
             fh.write("\n")
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)

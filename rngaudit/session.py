@@ -54,6 +54,7 @@ class Session:
         if where is not None:
             self.rank, self.world_size = where
         record = dict(record, rank=self.rank, run_id=self.run_id)
+        record["signature"] = compare.signature(record)  # lets compare() group equal ranks
         key = f"{next(_exchange_keys)}"
         result = exchange.exchange(record, key, timeout)
         self.world_size = result.world_size

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from rngaudit.compare import compare
+from rngaudit.compare import compare, signature
 
 
 def site(file: str, line: int, function: str = "f") -> dict[str, Any]:
@@ -170,7 +170,7 @@ def test_extra_draw_on_one_rank_is_a_consumption_mismatch() -> None:
     found = compare([record(0, r0, "e", "x0"), record(1, r1, "e", "x1")], 2, [])
     mismatch = [f for f in found if f.kind == "consumption-mismatch"]
     assert len(mismatch) == 1 and mismatch[0].severity == "warning"
-    assert "train.py:9" in mismatch[0].message and "rank 0 x1, rank 1 x0" in mismatch[0].message
+    assert "train.py:9" in mismatch[0].message and "rank 0: x1; rank 1: x0" in mismatch[0].message
     state = [f for f in found if f.kind == "state-divergence"]
     assert state and state[0].severity == "warning"  # equal at entry, split inside the window
 
@@ -191,3 +191,26 @@ def test_findings_do_not_depend_on_record_order() -> None:
         random.shuffle(records)
         assert [f.to_dict() for f in compare(records, 3, [])] == expected
     assert "ranks 0, 2: b0; rank 1: b1" in expected[0]["message"]
+
+
+def test_ranks_with_equal_records_are_compared_once_and_all_named() -> None:
+    def sampler_rank(rank: int) -> dict[str, Any]:
+        fp = "b0" if rank % 2 == 0 else "b1"
+        evs = [event(1, "torch.Generator#1", "aten.randperm", SAMPLER_SITE, fp, sampler=True)]
+        return record(rank, evs, seed=rank % 2)
+
+    records = [sampler_rank(r) for r in range(6)]
+    found = compare(records, 6, [])
+    errors = [f for f in found if f.kind == "sampler-draw-divergence"]
+    assert len(errors) == 1 and errors[0].ranks == [0, 1, 2, 3, 4, 5]
+    assert "ranks 0, 2, 4: b0; ranks 1, 3, 5: b1" in errors[0].message
+    assert errors[0].details["fingerprints"] == {str(r): ("b0", "b1")[r % 2] for r in range(6)}
+    # precomputed signatures (as ranks send them) give the same findings
+    for r in records:
+        r["signature"] = signature(r)
+    assert [f.to_dict() for f in compare(records, 6, [])] == [f.to_dict() for f in found]
+
+
+def test_all_ranks_equal_is_clean_whatever_the_world_size() -> None:
+    evs = [event(1, "torch.Generator#1", "aten.randperm", SAMPLER_SITE, "bb", sampler=True)]
+    assert compare([record(r, evs) for r in range(64)], 64, []) == []
