@@ -128,9 +128,7 @@ class Audit(ContextDecorator):
         return None
 
 
-def _worker_monitor(
-    sess: session.Session, seen: list[Finding], settings: config.Settings
-) -> Any:
+def _worker_monitor(sess: session.Session, seen: list[Finding], settings: config.Settings) -> Any:
     """Watch DataLoader workers started inside the window (only if torch is loaded)."""
     if "torch" not in sys.modules:
         return None
@@ -174,9 +172,4 @@ def _error_for(failing: list[Finding], report: AuditReport) -> RNGAuditError:
     return RNGDivergenceError(message, report)
 
 
-def active() -> bool:
-    """Whether a recording window is open in this process."""
-    return RECORDER.depth > 0
-
-
-__all__ = ["Audit", "act", "active", "audit"]
+__all__ = ["Audit", "act", "audit"]

@@ -105,8 +105,5 @@ class EventLog:
             events = [e for e in self._events.values() if e.seq >= seq]
         return sorted(events, key=lambda e: e.seq)
 
-    def all(self) -> list[Event]:
-        return self.since(0)
-
     def __len__(self) -> int:
         return len(self._events)

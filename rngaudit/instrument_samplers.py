@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import importlib
 import sys
 from types import CodeType
 from typing import Any
@@ -89,14 +87,6 @@ def mark_imported() -> list[CodeType]:
         if name in sys.modules:
             marked.extend(mark_module(name))
     return marked
-
-
-def ensure_imported(module_name: str) -> None:
-    """Import a known module if its package is loaded (so its classes can be marked)."""
-    root = module_name.split(".")[0]
-    if root in sys.modules and module_name not in sys.modules:
-        with contextlib.suppress(Exception):
-            importlib.import_module(module_name)
 
 
 def unmark(codes: list[CodeType]) -> None:

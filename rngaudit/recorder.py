@@ -99,10 +99,6 @@ class Recorder:
         return self._depth
 
     # -- lifecycle -----------------------------------------------------------------------
-    @property
-    def instrumented(self) -> bool:
-        return bool(self._instrumented) or len(self.patches) > 0
-
     def add_undo(self, undo: Callable[[], None]) -> None:
         self._instrumented.append(undo)
 
@@ -241,13 +237,6 @@ class Recorder:
         if loader is not None:
             loader_name = self.loaders.name(type(loader).__name__, id(loader), loader)
         return SamplerInfo(chain=chain, loader=loader_name)
-
-    def current_sampler(self, marked: tuple[tuple[str, Any], ...]) -> Any:
-        """The innermost sampler object among marked frames, if any."""
-        for role, obj in marked:
-            if role == ROLE_SAMPLER and obj is not None:
-                return obj
-        return None
 
     # -- state snapshots -------------------------------------------------------------------
     def initial_seeds(self) -> dict[str, int]:
