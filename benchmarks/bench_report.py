@@ -86,7 +86,7 @@ def encode_costs(doc: dict[str, Any], reps: int = 5) -> dict[str, float]:
             pass
 
     return {
-        "indent1_dump_s": best(lambda: json.dump(doc, Sink(), indent=1)),  # as write_json does
+        "indent1_dump_s": best(lambda: json.dump(doc, Sink(), indent=1)),  # the former encoding
         "compact_dumps_s": best(lambda: json.dumps(doc, separators=(",", ":"))),
         "compact_bytes": len(json.dumps(doc, separators=(",", ":"))),
     }

@@ -423,7 +423,7 @@ def rows_report(r: dict[str, Any]) -> list[Row]:
             met(None),
         ),
         (
-            "  encoding that rank file: json.dump(indent=1) as written vs compact json.dumps",
+            "  encoding that rank file: compact json.dumps (as written now) vs json.dump(indent=1)",
             ms(d["compact_dumps_s"]) + f" ({kib(d['compact_bytes'])})",
             ms(d["indent1_dump_s"]),
             f"{d['indent1_dump_s'] / d['compact_dumps_s']:.1f}x",
@@ -472,7 +472,7 @@ def machine() -> str:
     return "\n".join(
         [
             f"rngaudit at commit {commit}" + (" + uncommitted changes" if dirty else ""),
-            f"nproc: {cmd(['nproc'])}; load average at start: {load}",
+            f"cpus: {os.cpu_count()}; load average at start: {load}",
             f"cpu: {cpu}; kernel {platform.release()}",
             f"free -h: {mem[1] if len(mem) > 1 else '?'}",
             f"python {platform.python_version()}; torch {versions[0]}; numpy {versions[1]}; "
