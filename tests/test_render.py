@@ -17,11 +17,10 @@ from typing import Any
 import pytest
 
 from rngaudit.callsite import format_site, short_path
-from rngaudit.findings import Finding
+from rngaudit.findings import Finding, format_ranks
 from rngaudit.render import (
     MAX_TIMELINE_ROWS,
     WIDTH,
-    format_ranks,
     render_json,
     render_markdown,
     render_summary,
