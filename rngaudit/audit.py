@@ -10,7 +10,7 @@ from contextlib import ContextDecorator
 from types import TracebackType
 from typing import Any
 
-from rngaudit import config, session
+from rngaudit import config, instrument_loaders, session
 from rngaudit.callsite import here
 from rngaudit.errors import (
     RNGAuditError,
@@ -95,6 +95,7 @@ class Audit(ContextDecorator):
         assert start is not None and self._session is not None
         try:
             events = RECORDER.events_since(start, self._index)
+            loaders = instrument_loaders.summarize(RECORDER, events)
         finally:
             exit_states = RECORDER.end()  # undoes every patch at the outermost window
             if self._monitor is not None:
@@ -104,6 +105,7 @@ class Audit(ContextDecorator):
             "host": session.host(),
             "label": self._label,
             "events": events,
+            "loaders": loaders,
             "states": {"entry": self._entry, "exit": exit_states},
             "initial_seeds": RECORDER.initial_seeds(),
             "from_start": False,

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import wrapt
 
-from rngaudit import instrument_samplers
+from rngaudit import instrument_loaders, instrument_samplers
 from rngaudit.instrument_numpy import NumpyInstrumentation
 from rngaudit.instrument_python import PythonInstrumentation
 from rngaudit.instrument_torch import TorchInstrumentation
@@ -63,6 +63,7 @@ class Instrumentation:
             log.warning("rngaudit: could not instrument %s", name, exc_info=True)
 
     def _samplers(self) -> None:
+        instrument_loaders.install(self.rec)
         codes = instrument_samplers.mark_imported()
         if codes:
             self.rec.add_undo(lambda: instrument_samplers.unmark(codes))

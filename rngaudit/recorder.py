@@ -39,6 +39,8 @@ class Recorder:
         self._instrumented: list[Callable[[], None]] = []  # undo callbacks, LIFO
         self._depth = 0
         self._outer_indices: list[int] = []
+        self.new_loaders: list[Any] = []  # DataLoaders built while a window is open
+        self.loader_classes: list[tuple[Any, str]] = []
         self._window_lock = threading.RLock()
         self._fork_handler = False
 
@@ -91,6 +93,8 @@ class Recorder:
                 self.uninstrument()
                 self.names.clear()
                 self.loaders.clear()
+                self.new_loaders.clear()
+                self.loader_classes.clear()
                 self.log = EventLog()
             return states
 

@@ -36,6 +36,11 @@ def render_text(report: AuditReport, *, width: int = WIDTH) -> str:
     lines.append(_counts(report.findings).capitalize() + ".")
     for finding in report.findings:
         lines += ["", *_text_finding(report, finding, width)]
+    loaders = _loader_lines(report)
+    if loaders:
+        lines += ["", "Loaders built in the audited windows:"]
+        for line in loaders:
+            lines += textwrap.wrap(line, width, initial_indent="  ", subsequent_indent="      ")
     for timeline in _timelines(report):
         lines += ["", *_text_timeline(timeline, width)]
     return "\n".join(line.rstrip() for line in lines) + "\n"
@@ -57,6 +62,9 @@ def render_markdown(report: AuditReport) -> str:
         lines += ["", "## Findings"]
     for number, finding in enumerate(report.findings, 1):
         lines += ["", *_markdown_finding(report, finding, number)]
+    loaders = _loader_lines(report)
+    if loaders:
+        lines += ["", "## Loaders", "", *(f"- {line}" for line in loaders)]
     for timeline in _timelines(report):
         lines += ["", *_markdown_timeline(timeline)]
     return "\n".join(lines) + "\n"
@@ -72,6 +80,39 @@ def render_summary(report: AuditReport, *, width: int = WIDTH) -> str:
 
 
 # Shared pieces -----------------------------------------------------------------------------
+
+
+def _loader_lines(report: AuditReport) -> list[str]:
+    """One line per loader (audit, name): sampler, generator, and the early draw per rank."""
+    seen: dict[tuple[Any, str], dict[str, Any]] = {}
+    early: dict[tuple[Any, str], dict[int, str]] = {}
+    for record in report.ranks:
+        for loader in record.get("loaders") or []:
+            key = (loader.get("audit"), str(loader.get("loader")))
+            seen.setdefault(key, loader)
+            if loader.get("drew_before_iteration"):
+                early.setdefault(key, {})[int(record.get("rank", 0))] = str(
+                    loader.get("fingerprint")
+                )
+    lines = []
+    for key, loader in seen.items():
+        draws = early.get(key)
+        if draws:
+            by_fp: dict[str, list[int]] = {}
+            for rank, fp in sorted(draws.items()):
+                by_fp.setdefault(fp, []).append(rank)
+            states = "; ".join(
+                f"{'rank' if len(r) == 1 else 'ranks'} {format_ranks(r)}: {fp}"
+                for fp, r in by_fp.items()
+            )
+            drew = f"drew before iteration (state {states})"
+        else:
+            drew = "no draw before iteration"
+        lines.append(
+            f"{loader.get('loader')} ({loader.get('num_workers', 0)} workers), "
+            f"{loader.get('sampler') or 'no sampler'}, {loader.get('generator')}: {drew}"
+        )
+    return lines
 
 
 def _run_line(report: AuditReport) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 
 import wrapt
 
-from rngaudit import config, session
+from rngaudit import config, instrument_loaders, session
 from rngaudit.audit import act
 from rngaudit.callsite import here
 from rngaudit.patching import PatchSet
@@ -111,12 +111,15 @@ class RunAudit:
         """Conclude the audit segment recorded so far, start the next one, act on it."""
         with RECORDER.paused():
             events = RECORDER.events_since(self.start_seq, self.index)
+            loaders = instrument_loaders.summarize(RECORDER, events)
+            RECORDER.new_loaders.clear()  # each segment lists the loaders built in it
             exit_states = RECORDER.snapshot()
             record = {
                 "pid": os.getpid(),
                 "host": session.host(),
                 "label": label,
                 "events": events,
+                "loaders": loaders,
                 "states": {"entry": self.entry, "exit": exit_states},
                 "initial_seeds": RECORDER.initial_seeds(),
                 "from_start": True,

@@ -65,7 +65,7 @@ class Session:
         with self._lock:
             found = [f for f in found if not self._repeats_info(f)]
             for rec in arrived:
-                self._accumulate(rec)
+                self._accumulate(rec, index)
             self.findings.extend(found)
             self.audits.append({"index": index, "label": label, "verdict": verdict_of(found)})
             self.write()
@@ -100,13 +100,16 @@ class Session:
             self.findings.append(finding)
             self.write()
 
-    def _accumulate(self, rec: dict[str, Any]) -> None:
+    def _accumulate(self, rec: dict[str, Any], index: int) -> None:
         rank = int(rec["rank"])
         acc = self.records.setdefault(
             rank,
             {"rank": rank, "pid": rec.get("pid"), "host": rec.get("host"), "events": []},
         )
         acc["events"].extend(rec.get("events", []))
+        acc.setdefault("loaders", []).extend(
+            dict(loader, audit=index) for loader in rec.get("loaders", [])
+        )
         acc["states"] = rec.get("states", {})
         acc["run_id"] = self.run_id
 

@@ -204,3 +204,25 @@ def test_public_api_is_exported() -> None:
     assert issubclass(rngaudit.RNGDivergenceError, rngaudit.RNGAuditError)
     assert issubclass(rngaudit.RNGAuditTimeoutError, rngaudit.RNGAuditError)
     assert issubclass(rngaudit.RNGAuditWarning, UserWarning)
+
+
+def test_loaders_built_in_the_window_are_summarised(report_dir: Path) -> None:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    data = torch.utils.data.TensorDataset(torch.arange(32))
+    with rngaudit.audit(report_dir=report_dir) as a:
+        early = StatefulDataLoader(
+            data, batch_size=4, num_workers=1, sampler=torch.utils.data.RandomSampler(data)
+        )
+        early.state_dict()  # starts the worker and prefetches: the sampler draws now
+        lazy = torch.utils.data.DataLoader(data, batch_size=4, shuffle=True)
+    assert a.report is not None
+    loaders = {entry["loader"]: entry for entry in a.report.ranks[0]["loaders"]}
+    stateful = loaders["StatefulDataLoader#1"]
+    assert stateful["drew_before_iteration"] is True and stateful["num_workers"] == 1
+    assert stateful["sampler"] == "BatchSampler > RandomSampler"
+    assert stateful["fingerprint"] and stateful["output_digest"]
+    plain = loaders["DataLoader#1"]
+    assert plain["drew_before_iteration"] is False
+    assert plain["generator"].startswith("torch.default_generator")
+    del early, lazy

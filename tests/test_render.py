@@ -319,3 +319,21 @@ def test_docs_sample_is_the_golden_text() -> None:
     start = docs.index(marker) + len(marker)
     sample = docs[start : docs.index("```\n", start)]
     assert sample == (GOLDEN / "divergent.txt").read_text(encoding="utf-8")
+
+
+def test_loaders_section_lists_each_loader_and_its_early_draw_per_rank() -> None:
+    loader = {
+        "loader": "StatefulDataLoader#1", "num_workers": 2, "audit": 0,
+        "sampler": "BatchSamplerShard > BatchSampler > RandomSampler",
+        "generator": "torch.Generator#1 (RandomSampler.generator)",
+        "drew_before_iteration": True, "output_digest": "d",
+    }  # fmt: skip
+    ranks = [
+        {"rank": r, "events": [], "loaders": [dict(loader, fingerprint=f"fp{r}")]} for r in (0, 1)
+    ]
+    report = AuditReport(ranks=ranks, world_size=2, run_id="x")
+    text = render_text(report)
+    assert "Loaders built in the audited windows:" in text
+    assert "drew before iteration (state rank 0: fp0; rank 1: fp1)" in " ".join(text.split())
+    assert "## Loaders" in render_markdown(report)
+    assert "Loaders" not in render_text(AuditReport(ranks=[{"rank": 0, "events": []}]))
