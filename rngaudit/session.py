@@ -7,10 +7,12 @@ import os
 import random
 import socket
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
 from rngaudit import compare, exchange, report_files
+from rngaudit.errors import RNGAuditWarning
 from rngaudit.findings import Finding, verdict_of
 from rngaudit.report import SCHEMA_VERSION, AuditReport
 
@@ -140,9 +142,21 @@ class Session:
                 "findings": [f.to_dict() for f in self.findings],
                 "record": own,
             }
-            report_files.write_json(report_files.rank_path(self.report_dir, self.rank), rank_doc)
-            if self.rank == 0:
-                report_files.write_json(report_files.merged_path(self.report_dir), merged.to_dict())
+            try:
+                report_files.write_json(
+                    report_files.rank_path(self.report_dir, self.rank), rank_doc
+                )
+                if self.rank == 0:
+                    report_files.write_json(
+                        report_files.merged_path(self.report_dir), merged.to_dict()
+                    )
+            except OSError as exc:  # the verdict still stands; the report stays in memory
+                warnings.warn(
+                    f"rngaudit: cannot write the report to {self.report_dir}: {exc.strerror or exc}"
+                    " (set report_dir= or RNGAUDIT_REPORT_DIR to a writable directory)",
+                    RNGAuditWarning,
+                    stacklevel=2,
+                )
 
 
 def for_dir(report_dir: Path, mode: str) -> Session:

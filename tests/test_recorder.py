@@ -226,3 +226,14 @@ def test_loaders_built_in_the_window_are_summarised(report_dir: Path) -> None:
     assert plain["drew_before_iteration"] is False
     assert plain["generator"].startswith("torch.default_generator")
     del early, lazy
+
+
+def test_an_unwritable_report_dir_warns_once_and_keeps_the_report(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with (
+        pytest.warns(rngaudit.RNGAuditWarning, match="cannot write the report"),
+        rngaudit.audit(report_dir=blocker / "sub") as a,
+    ):
+        torch.rand(1)
+    assert a.report is not None and a.report.ranks[0]["events"]
