@@ -114,6 +114,7 @@ class TorchInstrumentation:
         rec = self.rec
         seeded_tag = torch.Tag.nondeterministic_seeded
         op_names: dict[Any, str | None] = {}  # op -> report name, None when not seeded
+        local = rec._local
         outer = self
 
         class RNGAuditMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
@@ -137,7 +138,7 @@ class TorchInstrumentation:
                     seeded = seeded_tag in func.tags
                     op = f"aten.{func.overloadpacket.__name__}" if seeded else None
                     op_names[func] = op
-                if op is None or not rec.enabled or rec.busy():
+                if op is None or not rec.enabled or getattr(local, "busy", False):
                     return func(*args, **kwargs)
                 return outer._record_op(torch, func, op, args, kwargs)
 

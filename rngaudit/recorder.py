@@ -8,6 +8,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from threading import current_thread
 from typing import Any
 
 from rngaudit import callsite, fingerprint, naming
@@ -189,11 +190,13 @@ class Recorder:
         if resolved is None:
             return None
         gen_name, fp = resolved
-        sampler = self._sampler_info(stack.marked)
         phase = ITERATION if self.iteration_started else PRE_ITERATION
-        if any(role == ROLE_ITERATION for role, _ in stack.marked):
-            phase = ITERATION
-        thread = threading.current_thread()
+        sampler = None
+        if stack.marked:  # only draws made inside known samplers/loaders have marked frames
+            sampler = self._sampler_info(stack.marked)
+            if any(role == ROLE_ITERATION for role, _ in stack.marked):
+                phase = ITERATION
+        thread = current_thread()
         key = (
             self.audit_index,
             gen_name,
