@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import random
@@ -13,6 +12,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from typing import Any
+
+from rngaudit.fingerprint import of as state_fingerprint
 
 # Bounds of one walk over a dataset graph: depth below the root, items looked at per
 # container (list, tuple, dict), attributes per object, and objects visited in all.
@@ -249,58 +250,15 @@ def find_generators(
     return found
 
 
-def read_state(obj: object, kind: str) -> Any:
-    """The generator's state, read without drawing from it."""
-    if kind == NUMPY_GENERATOR:
-        return obj.bit_generator.state  # type: ignore[attr-defined]
-    if kind == NUMPY_RANDOMSTATE:
-        return obj.get_state(legacy=False)  # type: ignore[attr-defined]
-    if kind == TORCH_GENERATOR:
-        return obj.get_state()  # type: ignore[attr-defined]
-    return obj.getstate()  # type: ignore[attr-defined]
-
-
-def _feed(h: Any, value: Any) -> None:
-    if isinstance(value, (bytes, bytearray)):
-        h.update(b"b")
-        h.update(value)
-    elif isinstance(value, (str, int, float, bool, type(None))):
-        h.update(repr(value).encode())
-    elif isinstance(value, dict):
-        h.update(b"{")
-        for key in sorted(value, key=repr):
-            _feed(h, key)
-            h.update(b":")
-            _feed(h, value[key])
-        h.update(b"}")
-    elif isinstance(value, (tuple, list)):
-        if all(type(item) is int for item in value):
-            h.update(repr(tuple(value)).encode())  # random.getstate(): 625 ints in one go
-        else:
-            h.update(b"(")
-            for item in value:
-                _feed(h, item)
-                h.update(b",")
-            h.update(b")")
-    elif hasattr(value, "tobytes") and hasattr(value, "dtype"):  # numpy arrays and scalars
-        h.update(str(value.dtype).encode())
-        h.update(value.tobytes())
-    elif hasattr(value, "detach") and hasattr(value, "tolist"):  # a torch tensor (state bytes)
-        t = value.detach().cpu().contiguous()
-        try:
-            h.update(t.numpy().tobytes())
-        except Exception:
-            h.update(repr(t.tolist()).encode())
-    else:
-        h.update(repr(value).encode())
-
-
 def fingerprint(obj: object, kind: str) -> str:
-    """A short hash of the generator's state: equal states give equal fingerprints."""
-    h = hashlib.blake2b(digest_size=16)
-    h.update(kind.encode())
-    _feed(h, read_state(obj, kind))
-    return h.hexdigest()
+    """A short hash of the generator's state (read, never drawn): equal states, equal hashes.
+
+    The same fingerprint the recorder uses (``rngaudit.fingerprint``), prefixed by the family.
+    """
+    fp = state_fingerprint(obj)
+    if fp is None:
+        raise ValueError(f"cannot read the state of {type(obj).__name__}")
+    return f"{kind}:{fp}"
 
 
 def report_name(worker_id: int) -> str:
