@@ -6,7 +6,6 @@ import argparse
 import gc
 import importlib.util
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -189,8 +188,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    finally:
-        for leftover in Path(tempfile.gettempdir()).glob(f"{TMP_PREFIX}{os.getpid()}-*"):
-            shutil.rmtree(leftover, ignore_errors=True)
+    benchlib.main_cleaning_up(main, TMP_PREFIX)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,3 +67,12 @@ def median(values: Sequence[float]) -> float:
 def spread(values: Sequence[float]) -> tuple[float, float]:
     """(min, max): shown next to medians so the noise is visible."""
     return float(min(values)), float(max(values))
+
+
+def main_cleaning_up(main: Callable[[], None], tmp_prefix: str) -> None:
+    """Run ``main``, then remove this process's temp dirs named ``<tmp_prefix><pid>-*``."""
+    try:
+        main()
+    finally:
+        for leftover in Path(tempfile.gettempdir()).glob(f"{tmp_prefix}{os.getpid()}-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
