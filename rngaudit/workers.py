@@ -260,17 +260,7 @@ def analyse(
                 diversity=distinct / reporting,
                 confirmed=True,
             )
-            findings.append(
-                Finding(
-                    kind=WORKER_DUPLICATE_STREAM,
-                    severity="error",
-                    message=message,
-                    ranks=[rank],
-                    generator=kind,
-                    remedy=REMEDY,
-                    details=details,
-                )
-            )
+            findings.append(_stream_finding("error", message, rank, kind, details))
             persistent_paths.append((path, kind, "warning"))
         elif path in static_paths and len(fps) < 2 and num_workers >= 2:
             expected = list(range(num_workers))
@@ -288,17 +278,7 @@ def analyse(
                 diversity=1 / num_workers,
                 confirmed=False,
             )
-            findings.append(
-                Finding(
-                    kind=WORKER_DUPLICATE_STREAM,
-                    severity="warning",
-                    message=message,
-                    ranks=[rank],
-                    generator=kind,
-                    remedy=REMEDY,
-                    details=details,
-                )
-            )
+            findings.append(_stream_finding("warning", message, rank, kind, details))
             persistent_paths.append((path, kind, "warning"))
         elif path in static_paths:
             persistent_paths.append((path, kind, "info"))
@@ -336,6 +316,21 @@ def analyse(
                 )
             )
     return findings
+
+
+def _stream_finding(
+    severity: str, message: str, rank: int, kind: str, details: dict[str, Any]
+) -> Finding:
+    """A ``worker-duplicate-stream`` finding (confirmed: error; unconfirmed: warning)."""
+    return Finding(
+        kind=WORKER_DUPLICATE_STREAM,
+        severity=severity,
+        message=message,
+        ranks=[rank],
+        generator=kind,
+        remedy=REMEDY,
+        details=details,
+    )
 
 
 class _IteratorCheck:
