@@ -58,7 +58,8 @@ class Session:
         record = dict(record, rank=self.rank, run_id=self.run_id)
         record["signature"] = compare.signature(record)  # lets compare() group equal ranks
         key = f"{next(_exchange_keys)}"
-        result = exchange.exchange(record, key, timeout)
+        # rank 0 writes the merged report: it fetches every record; the others one per group
+        result = exchange.exchange(record, key, timeout, fetch_all=self.rank == 0)
         self.world_size = result.world_size
         arrived = sorted(result.records, key=lambda r: int(r["rank"]))
         if arrived and arrived[0].get("run_id"):

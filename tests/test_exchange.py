@@ -38,3 +38,18 @@ def test_a_rank_that_never_arrives_is_named_and_nobody_hangs(tmp_path: Path) -> 
     merged = json.loads((tmp_path / "report" / "report.json").read_text())
     assert merged["verdict"] == "error"
     assert [f["kind"] for f in merged["findings"]] == ["rank-missing"]
+
+
+def test_equal_ranks_fetch_one_record_per_group_but_rank0_fetches_all(tmp_path: Path) -> None:
+    proc = torchrun("tests/distributed/exchange_groups.py", str(tmp_path), nproc=3)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = [json.loads((tmp_path / f"result-{r}.json").read_text()) for r in range(3)]
+    assert {r["verdict"] for r in results} == {"ok"}
+    assert results[0]["ranks"] == [{"rank": r, "same_as": None} for r in range(3)]
+    assert results[2]["ranks"] == [
+        {"rank": 0, "same_as": None},
+        {"rank": 1, "same_as": 0},
+        {"rank": 2, "same_as": None},
+    ]
+    merged = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert all(r["events"] for r in merged["ranks"])  # the merged report has every rank's events
