@@ -371,7 +371,7 @@ def rows_compare(r: dict[str, Any]) -> list[Row]:
     dec = r["decode"]
     rows.append(
         (
-            "  info: decoding one exchanged 2,000-event record (every rank decodes world-1)",
+            "  info: decoding one 2,000-event record (rank 0 decodes world-1, others 1 per group)",
             "-",
             f"{ms(dec['seconds'])}, {kib(dec['payload_bytes'])} zlib",
             f"x1023 = {1023 * dec['seconds']:.1f} s per rank at 1024",
