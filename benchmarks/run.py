@@ -374,7 +374,7 @@ def rows_compare(r: dict[str, Any]) -> list[Row]:
             "  info: decoding one 2,000-event record (rank 0 decodes world-1, others 1 per group)",
             "-",
             f"{ms(dec['seconds'])}, {kib(dec['payload_bytes'])} zlib",
-            f"x1023 = {1023 * dec['seconds']:.1f} s per rank at 1024",
+            f"x1023 = {1023 * dec['seconds']:.1f} s for rank 0 at 1024",
             "-",
             met(None),
         )
