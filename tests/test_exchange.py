@@ -53,3 +53,13 @@ def test_equal_ranks_fetch_one_record_per_group_but_rank0_fetches_all(tmp_path: 
     ]
     merged = json.loads((tmp_path / "report" / "report.json").read_text())
     assert all(r["events"] for r in merged["ranks"])  # the merged report has every rank's events
+
+
+def test_a_rank_whose_block_raises_still_exchanges_so_nobody_waits(tmp_path: Path) -> None:
+    proc = torchrun("tests/distributed/exchange_exception.py", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r0, r1 = (json.loads((tmp_path / f"result-{r}.json").read_text()) for r in (0, 1))
+    assert r1["raised"] == "ValueError: user code failed on rank 1"  # unchanged
+    assert r0["raised"] is None
+    assert r0["elapsed"] < 30 and r1["elapsed"] < 30  # far below the 60 s timeout
+    assert r0["report"] and r1["report"]
