@@ -100,17 +100,14 @@ class Audit(ContextDecorator):
             exit_states = RECORDER.end()  # undoes every patch at the outermost window
             if self._monitor is not None:
                 self._monitor.uninstall()  # started iterators keep their first-batch check
-        record = {
-            "pid": os.getpid(),
-            "host": session.host(),
-            "label": self._label,
-            "events": events,
-            "loaders": loaders,
-            "states": {"entry": self._entry, "exit": exit_states},
-            "initial_seeds": RECORDER.initial_seeds(),
-            "from_start": False,
-            "exception": exc_type.__name__ if exc_type is not None else None,
-        }
+        record = session.rank_record(
+            self._label,
+            events,
+            loaders,
+            {"entry": self._entry, "exit": exit_states},
+            from_start=False,
+            exception=exc_type.__name__ if exc_type is not None else None,
+        )
         try:
             self.report = self._session.conclude(
                 self._index, self._label, record, self.settings.timeout

@@ -114,17 +114,8 @@ class RunAudit:
             loaders = instrument_loaders.summarize(RECORDER, events)
             RECORDER.new_loaders.clear()  # each segment lists the loaders built in it
             exit_states = RECORDER.snapshot()
-            record = {
-                "pid": os.getpid(),
-                "host": session.host(),
-                "label": label,
-                "events": events,
-                "loaders": loaders,
-                "states": {"entry": self.entry, "exit": exit_states},
-                "initial_seeds": RECORDER.initial_seeds(),
-                "from_start": True,
-                "exception": None,
-            }
+            states = {"entry": self.entry, "exit": exit_states}
+            record = session.rank_record(label, events, loaders, states, from_start=True)
             report = self.session.conclude(
                 self.index, label, record, timeout or self.settings.timeout
             )
@@ -142,8 +133,12 @@ class RunAudit:
         try:
             self.checkpoint(label)
         finally:
-            RECORDER.end()
-            self.patches.undo()
+            self._detach()
+
+    def _detach(self) -> None:
+        """Close the recording window and remove the prepare()/iteration wrappers."""
+        RECORDER.end()
+        self.patches.undo()
 
     def at_exit(self) -> None:
         """Leave a report also for runs that never prepared nor iterated."""
@@ -163,5 +158,4 @@ class RunAudit:
         except Exception as exc:
             sys.stderr.write(f"rngaudit: could not write the report at exit: {exc!r}\n")
         finally:
-            RECORDER.end()
-            self.patches.undo()
+            self._detach()

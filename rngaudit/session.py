@@ -14,6 +14,7 @@ from typing import Any
 from rngaudit import compare, exchange, report_files
 from rngaudit.errors import RNGAuditWarning
 from rngaudit.findings import Finding, verdict_of
+from rngaudit.recorder import RECORDER
 from rngaudit.report import SCHEMA_VERSION, AuditReport
 
 _private_random = random.Random(os.urandom(8))  # never the user's generators
@@ -171,5 +172,24 @@ def for_dir(report_dir: Path, mode: str) -> Session:
         return session
 
 
-def host() -> str:
-    return socket.gethostname()
+def rank_record(
+    label: str,
+    events: list[dict[str, Any]],
+    loaders: list[dict[str, Any]],
+    states: dict[str, Any],
+    *,
+    from_start: bool,
+    exception: str | None = None,
+) -> dict[str, Any]:
+    """This rank's record of one audit window, as it is exchanged and compared."""
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "label": label,
+        "events": events,
+        "loaders": loaders,
+        "states": states,
+        "initial_seeds": RECORDER.initial_seeds(),
+        "from_start": from_start,
+        "exception": exception,
+    }
