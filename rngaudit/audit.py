@@ -10,7 +10,7 @@ from contextlib import ContextDecorator
 from types import TracebackType
 from typing import Any
 
-from rngaudit import config, instrument_loaders, session
+from rngaudit import config, epoch_check, instrument_loaders, session
 from rngaudit.callsite import here
 from rngaudit.errors import (
     RNGAuditError,
@@ -31,6 +31,7 @@ def audit(
     report_dir: str | os.PathLike[str] | None = None,
     timeout: float | None = None,
     strict: bool = False,
+    every_epoch: bool = False,
 ) -> Audit:
     """Audit the randomness drawn inside a ``with`` block (or a decorated function).
 
@@ -39,8 +40,14 @@ def audit(
     treats warning findings as errors. ``report_dir`` defaults to ``$RNGAUDIT_REPORT_DIR``
     or ``./rngaudit-report``; ``timeout`` (seconds a rank waits for the others) to
     ``$RNGAUDIT_TIMEOUT`` or 120.
+
+    Sharded loaders (prepared by accelerate, or with a ``DistributedSampler``) built or iterated
+    inside the block are checked at their first batch: every rank must be about to shard the
+    same order of the same dataset. ``every_epoch=True`` repeats that check at every epoch.
     """
-    return Audit(mode=mode, report_dir=report_dir, timeout=timeout, strict=strict)
+    return Audit(
+        mode=mode, report_dir=report_dir, timeout=timeout, strict=strict, every_epoch=every_epoch
+    )
 
 
 class Audit(ContextDecorator):
@@ -53,13 +60,16 @@ class Audit(ContextDecorator):
         report_dir: str | os.PathLike[str] | None = None,
         timeout: float | None = None,
         strict: bool = False,
+        every_epoch: bool = False,
     ) -> None:
         self.settings = config.resolve(mode, report_dir, timeout, strict)
+        self.every_epoch = bool(every_epoch)
         self._args: dict[str, Any] = {
             "mode": mode,
             "report_dir": report_dir,
             "timeout": timeout,
             "strict": strict,
+            "every_epoch": every_epoch,
         }
         self.report: AuditReport | None = None
         self._start: int | None = None
@@ -81,6 +91,8 @@ class Audit(ContextDecorator):
         self._index = self._session.reserve()
         self._entry = RECORDER.snapshot()
         self._start = RECORDER.begin(self._index)
+        self._watch = epoch_check.Watch(self.settings, self._session, self.every_epoch)
+        epoch_check.GUARD.enter(self._watch)
         self._worker_findings: list[Finding] = []
         self._monitor = _worker_monitor(self._session, self._worker_findings, self.settings)
         return self
@@ -93,9 +105,11 @@ class Audit(ContextDecorator):
     ) -> None:
         start, self._start = self._start, None
         assert start is not None and self._session is not None
+        built: list[Any] = []
         try:
             events = RECORDER.events_since(start, self._index)
             loaders = instrument_loaders.summarize(RECORDER, events)
+            built = list(RECORDER.new_loaders)
         finally:
             exit_states = RECORDER.end()  # undoes every patch at the outermost window
             if self._monitor is not None:
@@ -113,10 +127,15 @@ class Audit(ContextDecorator):
                 self._index, self._label, record, self.settings.timeout
             )
         except Exception:
+            epoch_check.GUARD.leave(self._watch, [])
             if exc_type is not None:
                 log.warning("rngaudit: could not conclude the audit", exc_info=True)
                 return None  # the user's exception propagates unchanged
             raise
+        # Sharded loaders built in the block stay watched until their first batch, unless the
+        # block already found an error (the same harm is not reported twice).
+        reported = self.report.verdict == "error"
+        epoch_check.GUARD.leave(self._watch, [] if reported else built)
         try:
             if exc_type is None:
                 act(self.report, self.settings.mode, self.settings.strict)

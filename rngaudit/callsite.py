@@ -148,9 +148,23 @@ def walk(frame: FrameType | None, max_depth: int = 80) -> Stack:
             chain.append(site)
             if kind == USER:
                 user_site = site
+                if role is not None:  # a user's sampler: find the loader frames above it
+                    marked.extend(_marks_above(frame.f_back, max_depth - depth))
                 break
         frame = frame.f_back
     return Stack(call_site, tuple(chain), user_site, tuple(marked), stdlib_caller)
+
+
+def _marks_above(frame: FrameType | None, budget: int) -> list[tuple[str, Any]]:
+    """Marked frames further out (only their marks: the call site is already known)."""
+    out: list[tuple[str, Any]] = []
+    while frame is not None and budget > 0:
+        budget -= 1
+        role = MARKED_CODES.get(frame.f_code)
+        if role is not None:
+            out.append((role, frame.f_locals.get("self")))
+        frame = frame.f_back
+    return out
 
 
 def here(skip: int = 1) -> Stack:

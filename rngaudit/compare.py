@@ -22,6 +22,24 @@ SAMPLER_REMEDY = (
     "(num_workers=0 or use_stateful_dataloader=False) until accelerate defers the "
     "state_dict() prefetch in prepare()."
 )
+OWN_SAMPLER_REMEDY = (
+    "Give your sampler a `generator` attribute seeded identically on every rank "
+    "(self.generator = torch.Generator().manual_seed(SEED), and draw with generator="
+    "self.generator; for numpy, np.random.default_rng(SEED)), or seed every rank identically "
+    "before prepare(): accelerate.utils.set_seed(SEED) without device_specific=True."
+)
+KNOWN_SAMPLERS = (
+    "RandomSampler", "SequentialSampler", "SubsetRandomSampler", "WeightedRandomSampler",
+    "BatchSampler", "DistributedSampler", "SeedableRandomSampler", "BatchSamplerShard",
+    "SkipBatchSampler", "IterableDatasetShard", "StatefulDistributedSampler",
+)  # fmt: skip
+
+
+def _known_sampler(chain: str) -> bool:
+    """Whether the innermost sampler of a chain is a library's (not the user's own)."""
+    return chain.rsplit(" > ", 1)[-1].strip() in KNOWN_SAMPLERS
+
+
 CONSUMPTION_REMEDY = (
     "Make every rank draw the same randomness before iteration (no rank-0-only draws "
     "such as a stray torch.rand or an evaluation), or reseed all ranks identically after "
@@ -235,12 +253,12 @@ def _sampler_finding(
     generator = str(event["generator"])
     loader = sampler.get("loader") or "a DataLoader"
     user = event.get("user_call_site")
+    via = f", reached from {_site(user)}" if user and user != event.get("call_site") else ""
     lines = [
         f"Sampler {sampler['chain']} of {loader} drew its epoch-0 order before iteration "
         f"began, from {generator}, whose state differs across ranks "
         f"(state fingerprints {_groups(fps)}).",
-        f"The draw ({event['op']}) ran at {_site(event.get('call_site'))}, reached from "
-        f"{_site(user)}.",
+        f"The draw ({event['op']}) ran at {_site(event.get('call_site'))}{via}.",
         "Accelerate synchronizes RNG only when iteration starts, so these indices are used "
         "unsynchronized: the ranks shard different permutations, and epoch 0 duplicates some "
         "samples and drops others. Nothing else will report this.",
@@ -256,7 +274,7 @@ def _sampler_finding(
         generator=generator,
         call_site=event.get("call_site"),
         user_call_site=user,
-        remedy=SAMPLER_REMEDY,
+        remedy=SAMPLER_REMEDY if _known_sampler(sampler["chain"]) else OWN_SAMPLER_REMEDY,
         audit=audit,
         details={
             "sampler": sampler["chain"],

@@ -13,6 +13,7 @@ from rngaudit.errors import ConfigError
 ENV_MODE = "RNGAUDIT"  # 1|raise|warn|report switch the whole run on; unset or 0: off
 ENV_REPORT_DIR = "RNGAUDIT_REPORT_DIR"  # where reports go (default ./rngaudit-report)
 ENV_TIMEOUT = "RNGAUDIT_TIMEOUT"  # seconds a rank waits for the others (default 120)
+ENV_EPOCHS = "RNGAUDIT_EPOCHS"  # all (default): order check at every epoch; first; 0: off
 ENV_OWNER = "_RNGAUDIT_OWNER_PID"  # set by an audited process; its children stay passive
 
 MODES = ("raise", "warn", "report")
@@ -82,3 +83,16 @@ def resolve(
     if timeout is not None:
         chosen_timeout = _timeout(timeout, "timeout")
     return Settings(chosen_mode, Path(chosen_dir), chosen_timeout, bool(strict))
+
+
+def env_epochs(environ: Mapping[str, str] | None = None) -> str:
+    """Which epochs ``RNGAUDIT`` checks the sharded order at: ``all``, ``first`` or ``off``."""
+    env = os.environ if environ is None else environ
+    value = env.get(ENV_EPOCHS, "").strip().lower()
+    if value in ("", "1", "all"):
+        return "all"
+    if value in ("0", "off", "none"):
+        return "off"
+    if value == "first":
+        return "first"
+    raise ConfigError(f"{ENV_EPOCHS}={value[:40]!r} is not one of all, first, off")

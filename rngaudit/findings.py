@@ -14,6 +14,8 @@ STATE_DIVERGENCE = "state-divergence"
 RANK_MISSING = "rank-missing"
 WORKER_DUPLICATE_STREAM = "worker-duplicate-stream"
 PERSISTENT_WORKER_STREAM = "persistent-worker-stream"
+DATASET_DIVERGENCE = "dataset-divergence"
+EPOCH_ORDER_REPEATED = "epoch-order-repeated"
 
 KINDS = (
     SAMPLER_DRAW_DIVERGENCE,
@@ -22,6 +24,8 @@ KINDS = (
     RANK_MISSING,
     WORKER_DUPLICATE_STREAM,
     PERSISTENT_WORKER_STREAM,
+    DATASET_DIVERGENCE,
+    EPOCH_ORDER_REPEATED,
 )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from rngaudit import naming
+from rngaudit import instrument_samplers, naming
 from rngaudit.recorder import Recorder
 
 # (module, class) whose __init__ registers the new loader with the recorder.
@@ -33,9 +33,25 @@ def _register(rec: Recorder) -> Any:
         result = wrapped(*args, **kw)
         if rec.enabled and instance is not None and all(instance is not x for x in rec.new_loaders):
             rec.new_loaders.append(instance)
+            mark_chain(rec, instance)
         return result
 
     return wrapper
+
+
+def mark_chain(rec: Recorder, loader: Any) -> None:
+    """Mark the samplers of ``loader`` (a user's own among them) until the window closes."""
+    mark_samplers(rec, sampler_chain(loader))
+
+
+def mark_samplers(rec: Recorder, samplers: list[Any]) -> None:
+    """Mark the iteration code of ``samplers``' classes; unmarked when the window closes."""
+    try:
+        codes = instrument_samplers.mark_objects(samplers)
+    except Exception:  # never break the loader over attribution
+        return
+    if codes:
+        rec.add_undo(lambda: instrument_samplers.unmark(codes))
 
 
 def sampler_chain(loader: Any) -> list[Any]:

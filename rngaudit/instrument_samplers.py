@@ -80,6 +80,21 @@ def mark_module(module_name: str) -> list[CodeType]:
     return marked
 
 
+def mark_objects(samplers: list[Any]) -> list[CodeType]:
+    """Mark the iteration code of the classes of ``samplers`` (a user's own samplers too)."""
+    marked: list[CodeType] = []
+    for sampler in samplers:
+        for klass in type(sampler).__mro__:
+            if klass is object:
+                break
+            for method in ("__iter__", "__next__"):
+                code = _code(klass, method)
+                if code is not None and code not in MARKED_CODES:
+                    MARKED_CODES[code] = ROLE_SAMPLER
+                    marked.append(code)
+    return marked
+
+
 def mark_imported() -> list[CodeType]:
     """Mark every known module that is already imported."""
     marked: list[CodeType] = []

@@ -10,7 +10,7 @@ from typing import Any
 
 import wrapt
 
-from rngaudit import config, instrument_loaders, session
+from rngaudit import config, epoch_check, exchange, instrument_loaders, session, sharding
 from rngaudit.audit import act
 from rngaudit.callsite import here
 from rngaudit.patching import PatchSet
@@ -49,6 +49,8 @@ class RunAudit:
         self.reports: list[AuditReport] = []
         self._in_prepare = False
         self.monitor: Any = None
+        self.epochs = config.env_epochs()
+        self._sequential: set[int] = set()
 
     # -- lifecycle -----------------------------------------------------------------------
     def arm(self) -> None:
@@ -61,6 +63,9 @@ class RunAudit:
         for module, cls, method in ITERATION_HOOKS:
             wrapt.register_post_import_hook(self._hook(cls, method, self._iteration), module)
         wrapt.register_post_import_hook(self._install_monitor, "torch.utils.data.dataloader")
+        if self.epochs != "off":
+            watch = epoch_check.Watch(self.settings, self.session, self.epochs == "all")
+            epoch_check.GUARD.watch_all(watch)
 
     def _hook(self, cls: str | None, method: str, wrapper: Any) -> Callable[[Any], None]:
         def hook(module: Any) -> None:
@@ -103,9 +108,30 @@ class RunAudit:
     def _iteration(
         self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kw: dict[str, Any]
     ) -> Any:
-        if self.window_open and not RECORDER.busy() and os.getpid() == self.pid:
+        if (
+            self.window_open
+            and not RECORDER.busy()
+            and os.getpid() == self.pid
+            and self._ends_window(instance)
+        ):
             self.close_window("first DataLoader iteration")
         return wrapped(*args, **kw)
+
+    def _ends_window(self, loader: Any) -> bool:
+        """The training loader's first iteration ends the window: in a distributed run, a
+        sharded loader that shuffles (or a sequential one's second epoch); evaluation, sanity
+        check and unsharded loaders are recorded, not an end. Alone, any loader ends it."""
+        if exchange.distributed() is None and int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
+            return True
+        if not sharding.loader_is_sharded(loader):
+            return False
+        root = getattr(loader, "batch_sampler", None) or getattr(loader, "sampler", None)
+        if sharding.is_shuffling(sharding.chain(root)):
+            return True
+        if id(loader) in self._sequential:
+            return True
+        self._sequential.add(id(loader))
+        return False
 
     def checkpoint(self, label: str, timeout: float | None = None, raising: bool = True) -> None:
         """Conclude the audit segment recorded so far, start the next one, act on it."""

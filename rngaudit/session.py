@@ -89,6 +89,16 @@ class Session:
         same = (finding.kind, finding.generator, str(finding.details))
         return any((f.kind, f.generator, str(f.details)) == same for f in self.findings)
 
+    def add_check(self, label: str, found: list[Finding]) -> None:
+        """A check made outside an audit window (the per-epoch order check)."""
+        with self._lock:
+            index = self.reserve()
+            for finding in found:
+                finding.audit = index
+            self.findings.extend(found)
+            self.audits.append({"index": index, "label": label, "verdict": verdict_of(found)})
+            self.write()
+
     def add_finding(self, finding: Finding) -> None:
         """A finding that arrives after its audit (DataLoader worker checks)."""
         with self._lock:

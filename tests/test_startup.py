@@ -53,7 +53,10 @@ def test_unmodified_repro_passes_seeded(tmp_path: Path) -> None:
     assert merged["verdict"] in ("ok", "warning")
     labels = [a["label"] for a in merged["audits"]]  # type: ignore[index]
     assert labels[0].startswith("Accelerator.prepare() at repro_prepare_prefetch.py:")
-    assert labels[-1] == "first DataLoader iteration"
+    assert "first DataLoader iteration" in labels
+    # then the order check at the first batch of the sharded loader: every rank agreed
+    chain = "BatchSamplerShard > BatchSampler > RandomSampler"
+    assert labels[-1] == f"epoch 0 of BatchSamplerShard#1 ({chain})"
 
 
 def test_stray_draw_on_rank0_is_named_and_warn_mode_finishes(tmp_path: Path) -> None:

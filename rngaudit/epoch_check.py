@@ -1,0 +1,361 @@
+"""The sharded-order check: at each epoch's first batch, every rank must shard the same order.
+
+Two class-level wrappers, installed while something is watched:
+- ``BatchSamplerShard.__iter__`` (accelerate): tees the batches of the order *before* sharding
+  into an :class:`~rngaudit.sharding.OrderTape`, and records the sampler draws made while the
+  first batch is pulled (a short recording window), so a divergence names its draw.
+- ``_BaseDataLoaderIter.__next__`` (torch, and torchdata's stateful iterators through it): at
+  the first batch of each epoch of a sharded loader, before the batch is returned, the ranks
+  exchange what they are about to shard (the dataset's index mapping, the DistributedSampler's
+  seed/epoch, the teed order) and every rank raises on a difference.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import wrapt
+
+from rngaudit import epoch_rules, exchange, instrument_loaders, sharding
+from rngaudit.config import Settings
+from rngaudit.findings import Finding
+from rngaudit.patching import PatchSet
+from rngaudit.recorder import RECORDER
+
+log = logging.getLogger("rngaudit")
+
+
+@dataclass
+class Watch:
+    """How to act on one loader's checks."""
+
+    settings: Settings
+    session: Any  # rngaudit.session.Session
+    every_epoch: bool
+
+
+@dataclass
+class _LoaderState:
+    index: int
+    label: str
+    checks: int = 0
+    previous: dict[str, Any] | None = None
+    tape: sharding.OrderTape = field(default_factory=sharding.OrderTape)
+
+
+class _Tee:
+    """Stands in for a BatchSamplerShard's inner batch sampler while its first batch is pulled.
+
+    Iterating it iterates the real one and digests each batch; attributes are the real one's.
+    """
+
+    def __init__(self, inner: Any, tape: sharding.OrderTape) -> None:
+        self.__dict__["_rngaudit_inner"] = inner
+        self.__dict__["_rngaudit_tape"] = tape
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["_rngaudit_inner"], name)
+
+    def __len__(self) -> int:
+        return len(self.__dict__["_rngaudit_inner"])
+
+    def __iter__(self) -> Iterator[Any]:
+        tape: sharding.OrderTape = self.__dict__["_rngaudit_tape"]
+        it = iter(self.__dict__["_rngaudit_inner"])
+        for batch in it:
+            tape.add(batch)
+            yield batch
+            if len(tape.batches) >= sharding.PREFIX_BATCHES:
+                break
+        yield from it
+
+
+class EpochGuard:
+    """Process-wide: what is watched, and the wrappers that watch it."""
+
+    def __init__(self) -> None:
+        self.patches = PatchSet()
+        self.installed = False
+        self._hooks = False
+        self._lock = threading.RLock()
+        self.everything: Watch | None = None  # RNGAUDIT: every sharded loader
+        self.open: list[Watch] = []  # with-blocks open now: sharded loaders in them
+        self.pending: weakref.WeakKeyDictionary[Any, Watch] = weakref.WeakKeyDictionary()
+        self.loaders: weakref.WeakKeyDictionary[Any, _LoaderState] = weakref.WeakKeyDictionary()
+        self.seen: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self._count = 0
+        self._local = threading.local()
+
+    # -- what is watched ---------------------------------------------------------------------
+    def watch_all(self, watch: Watch) -> None:
+        """Under RNGAUDIT: check every sharded loader (every epoch if ``watch.every_epoch``)."""
+        with self._lock:
+            self.everything = watch
+            self.install()
+
+    def enter(self, watch: Watch) -> None:
+        """A with-block opened: loaders sharded inside it are watched."""
+        with self._lock:
+            self.open.append(watch)
+            self.install()
+
+    def leave(self, watch: Watch, loaders: list[Any]) -> None:
+        """A with-block closed: keep watching the sharded ``loaders`` built in it until checked
+        (none when the block's own verdict already reported an error for them)."""
+        with self._lock:
+            if watch in self.open:
+                self.open.remove(watch)
+            for loader in loaders:
+                shard = _shard_of_loader(loader)
+                if shard is not None:
+                    self.pending[shard] = watch
+            self._maybe_uninstall()
+
+    def _watch_for(self, shard: Any) -> Watch | None:
+        watch = self.pending.get(shard)
+        if watch is not None:
+            return watch
+        if self.open:
+            return self.open[-1]
+        return self.everything
+
+    def _maybe_uninstall(self) -> None:
+        if self.everything is None and not self.open and len(self.pending) == 0:
+            self.uninstall()
+
+    # -- wrappers ----------------------------------------------------------------------------
+    def install(self) -> None:
+        if not self._hooks:
+            self._hooks = True
+            wrapt.register_post_import_hook(self._on_import, "torch.utils.data.dataloader")
+            wrapt.register_post_import_hook(self._on_import, "accelerate.data_loader")
+        self.installed = True
+        import sys
+
+        for name in ("torch.utils.data.dataloader", "accelerate.data_loader"):
+            module = sys.modules.get(name)
+            if module is not None:
+                self._on_import(module)
+
+    def _on_import(self, module: Any) -> None:
+        with self._lock:
+            if not self.installed:
+                return
+            name = getattr(module, "__name__", "")
+            if name == "torch.utils.data.dataloader":
+                cls = module._BaseDataLoaderIter
+                if not isinstance(cls.__dict__.get("__next__"), wrapt.FunctionWrapper):
+                    self.patches.wrap(cls, "__next__", self._next)
+            elif name == "accelerate.data_loader":
+                cls = module.BatchSamplerShard
+                if not isinstance(cls.__dict__.get("__iter__"), wrapt.FunctionWrapper):
+                    self.patches.wrap(cls, "__iter__", self._shard_iter)
+
+    def uninstall(self) -> None:
+        with self._lock:
+            self.installed = False
+            self.patches.undo()
+
+    def originals(self) -> list[tuple[Any, str]]:
+        """(owner, name) of what is wrapped now (for tests)."""
+        return [(owner, name) for owner, name, _ in self.patches._applied]
+
+    def _state(self, shard: Any) -> _LoaderState:
+        state = self.loaders.get(shard)
+        if state is None:
+            self._count += 1
+            label = f"{type(shard).__name__}#{self._count}"
+            state = _LoaderState(self._count, label)
+            self.loaders[shard] = state
+        return state
+
+    def _shard_iter(
+        self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kw: dict[str, Any]
+    ) -> Any:
+        gen = wrapped(*args, **kw)
+        if not self.installed or instance is None:
+            return gen
+        state = self._state(instance)
+        state.tape = sharding.OrderTape()
+        return _teed(instance, gen, state.tape)
+
+    def _next(
+        self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kw: dict[str, Any]
+    ) -> Any:
+        batch = wrapped(*args, **kw)
+        if instance is None or getattr(self._local, "busy", False):
+            return batch
+        epoch_key = id(getattr(instance, "_sampler_iter", None))
+        if self.seen.get(instance) == epoch_key:
+            return batch  # not the first batch of an epoch: nothing to do
+        try:
+            self.seen[instance] = epoch_key
+        except TypeError:
+            return batch
+        self._local.busy = True
+        try:
+            self._first_batch(instance)
+        finally:
+            self._local.busy = False
+        return batch
+
+    # -- the check -----------------------------------------------------------------------------
+    def _first_batch(self, iterator: Any) -> None:
+        try:
+            nodes = sharding.chain(getattr(iterator, "_index_sampler", None))
+            shard = sharding.shard_of(nodes)
+            if shard is None:
+                return
+            with self._lock:
+                watch = self._watch_for(shard)
+                if watch is None:
+                    return
+                state = self._state(shard)
+                if not watch.every_epoch and state.checks > 0:
+                    return
+                record = self._record(iterator, nodes, shard, state)
+        except Exception:  # the auditor must never break the loader
+            log.warning("rngaudit: could not prepare the order check", exc_info=True)
+            return
+        found = self._exchange(record, watch, state)
+        with self._lock:
+            state.checks += 1
+            state.previous = record
+            if not watch.every_epoch and self.pending.get(shard) is watch:
+                del self.pending[shard]
+                self._maybe_uninstall()
+        _act(found, watch, record)
+
+    def _record(
+        self, iterator: Any, nodes: list[Any], shard: Any, state: _LoaderState
+    ) -> dict[str, Any]:
+        record: dict[str, Any] = {
+            "loader": state.label,
+            "epoch": state.checks,
+            "chain": sharding.chain_name(nodes),
+            "shuffling": sharding.is_shuffling(nodes),
+            "dataset": sharding.describe_dataset(getattr(iterator, "_dataset", None)),
+            "sampler_state": None,
+            "order": [],
+            "draws": [],
+        }
+        if sharding._is_distributed_sampler(shard):
+            record["sampler_state"] = sharding.distributed_sampler_state(shard)
+        else:
+            record["order"] = list(state.tape.batches)
+            record["draws"] = list(state.tape.draws)
+        return record
+
+    def _exchange(self, record: dict[str, Any], watch: Watch, state: _LoaderState) -> list[Finding]:
+        record["dataset_draws"] = _split_draws(watch.session)
+        comparable = {k: record.get(k) for k in ("dataset", "sampler_state")}
+        comparable["first"] = (record.get("order") or [None])[0]
+        record["signature"] = hashlib.blake2b(
+            json.dumps(comparable, sort_keys=True, default=str).encode(), digest_size=12
+        ).hexdigest()
+        key = f"epoch/{state.index}/{state.checks}"
+        try:
+            where = exchange.distributed()
+            if where is not None:
+                record["rank"] = where[0]
+            else:
+                record["rank"] = 0
+            result = exchange.exchange(record, key, watch.settings.timeout, fetch_all=True)
+            found = epoch_rules.compare(result.records, result.missing, watch.settings.timeout)
+        except Exception:
+            log.warning("rngaudit: the order check could not exchange", exc_info=True)
+            return []
+        repeat = epoch_rules.repeated(record, state.previous)
+        if repeat is not None:
+            found.append(repeat)
+        label = f"epoch {record['epoch']} of {record['loader']} ({record['chain']})"
+        try:
+            watch.session.add_check(label, found)
+        except Exception:
+            log.warning("rngaudit: could not write the order check's report", exc_info=True)
+        return found
+
+
+def _teed(shard: Any, gen: Iterator[Any], tape: sharding.OrderTape) -> Iterator[Any]:
+    """``gen`` (a BatchSamplerShard iteration), its inner order teed into ``tape``."""
+    inner = shard.__dict__.get("batch_sampler")
+    if inner is None:
+        yield from gen
+        return
+    shard.__dict__["batch_sampler"] = _Tee(inner, tape)
+    try:
+        start = RECORDER.log.next_seq()
+        index = RECORDER.audit_index
+        RECORDER.begin(index)
+        instrument_loaders.mark_samplers(RECORDER, sharding.chain(inner))
+        try:
+            first = next(gen)  # the inner order is drawn and its first batches pulled here
+        finally:
+            try:
+                events = RECORDER.events_since(start, index)
+                tape.draws = [
+                    _draw_summary(e) for e in events if e.get("sampler") and e["kind"] == "draw"
+                ]
+            except Exception:
+                log.debug("rngaudit: could not read the first batch's draws", exc_info=True)
+            RECORDER.end()
+    except StopIteration:
+        return
+    finally:
+        shard.__dict__["batch_sampler"] = inner
+    yield first
+    yield from gen
+
+
+def _draw_summary(event: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "op": event.get("op"),
+        "generator": event.get("generator"),
+        "fingerprint": event.get("fingerprint"),
+        "output_digest": (event.get("sampler") or {}).get("output_digest"),
+        "call_site": event.get("call_site"),
+        "user_call_site": event.get("user_call_site"),
+        "sampler": (event.get("sampler") or {}).get("chain"),
+    }
+
+
+def _split_draws(session: Any) -> list[dict[str, Any]]:
+    """The first recorded draw that built a dataset split (random_split), to name in a finding."""
+    own = getattr(session, "records", {}).get(getattr(session, "rank", 0), {})
+    for event in own.get("events", []):
+        if any(site.get("function") == "random_split" for site in event.get("chain", [])):
+            return [_draw_summary(event)]
+    return []
+
+
+def _shard_of_loader(loader: Any) -> Any:
+    root = getattr(loader, "batch_sampler", None) or getattr(loader, "sampler", None)
+    return sharding.shard_of(sharding.chain(root))
+
+
+def _act(found: list[Finding], watch: Watch, record: dict[str, Any]) -> None:
+    """Raise or warn on every rank, as the watch's mode says."""
+    from rngaudit.audit import act
+    from rngaudit.report import AuditReport
+
+    if not found:
+        return
+    session = watch.session
+    report = AuditReport(
+        findings=found,
+        world_size=int(getattr(session, "world_size", 1)),
+        run_id=str(getattr(session, "run_id", "")),
+        mode=watch.settings.mode,
+        audits=[{"label": f"epoch {record['epoch']} of {record['loader']}"}],
+    )
+    act(report, watch.settings.mode, watch.settings.strict)
+
+
+GUARD = EpochGuard()

@@ -1,0 +1,249 @@
+"""Rules for the per-epoch order check: do the ranks shard the same order of the same dataset?"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rngaudit import findings as fk
+from rngaudit.callsite import format_site
+from rngaudit.findings import Finding, format_ranks
+
+ORDER_REMEDY = (
+    "Make the order every rank shards come from state that is identical on every rank: give "
+    "your sampler a `generator` attribute seeded identically on every rank "
+    "(torch.Generator().manual_seed(SEED)), or seed every rank identically before iteration. "
+    "Per-rank seeds (for dropout, augmentation) are fine once the sampler has its own generator."
+)
+DS_SEED_REMEDY = (
+    "Pass the same seed= to DistributedSampler on every rank (a shared constant, never the rank; "
+    "Lightning takes it from seed_everything()/PL_GLOBAL_SEED, so seed_everything(SEED) must get "
+    "the same SEED on every rank). Per-rank seeds for dropout can be set after the sampler exists."
+)
+DS_EPOCH_REMEDY = (
+    "Call sampler.set_epoch(epoch) with the same epoch on every rank before each epoch (after a "
+    "resume, restore the epoch counter on every rank from the same checkpoint)."
+)
+SEEDABLE_REMEDY = (
+    "Use the same seed on every rank for the data order: accelerate's SeedableRandomSampler "
+    "seeds from data_seed (or torch.initial_seed()) + epoch, so set_seed(SEED) without "
+    "device_specific=True, or the same data_seed= / TrainingArguments(seed=, data_seed=) on "
+    "every rank."
+)
+DATASET_REMEDY = (
+    "Build the dataset identically on every rank: random_split(ds, lengths, "
+    "generator=torch.Generator().manual_seed(SEED)), Subset(ds, torch.randperm(n, "
+    "generator=torch.Generator().manual_seed(SEED))), random.Random(SEED).shuffle(items); or "
+    "split once on rank 0 and share the indices (a file, or broadcast_object_list)."
+)
+REPEAT_REMEDY = (
+    "Call sampler.set_epoch(epoch) at the start of every epoch (DistributedSampler, accelerate's "
+    "loaders do it for you); a sampler that reseeds itself identically each epoch repeats "
+    "its order."
+)
+
+
+def _groups(values: dict[int, Any]) -> str:
+    by_value: dict[str, list[int]] = {}
+    for rank, value in sorted(values.items()):
+        by_value.setdefault(str(value), []).append(rank)
+    parts = []
+    for value, ranks in by_value.items():
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}"
+        parts.append(f"{who}: {value}")
+    return "; ".join(parts)
+
+
+def _common_prefix_differs(orders: dict[int, list[str]]) -> bool:
+    lists = [o for o in orders.values() if o]
+    if len(lists) < 2:
+        return False
+    m = min(len(o) for o in lists)
+    return len({tuple(o[:m]) for o in lists}) > 1
+
+
+def _draw_lines(records: list[dict[str, Any]]) -> tuple[list[str], dict[str, Any] | None]:
+    """Sentences naming the sampler draws whose state (or output) differs across ranks."""
+    per_rank = {int(r["rank"]): list(r.get("draws") or []) for r in records}
+    longest = max((len(d) for d in per_rank.values()), default=0)
+    lines: list[str] = []
+    first: dict[str, Any] | None = None
+    for k in range(longest):
+        at_k = {rank: d[k] for rank, d in per_rank.items() if k < len(d)}
+        fps = {rank: e.get("fingerprint") for rank, e in at_k.items()}
+        outs = {rank: e.get("output_digest") for rank, e in at_k.items()}
+        if len(set(fps.values())) <= 1 and len(set(outs.values())) <= 1:
+            continue
+        e = next(iter(at_k.values()))
+        first = first or e
+        user = e.get("user_call_site")
+        via = f", reached from {format_site(user)}" if user and user != e.get("call_site") else ""
+        lines.append(
+            f"The order was drawn by {e.get('op')} at {format_site(e.get('call_site'))}{via}, "
+            f"from {e.get('generator')}, whose state differs across ranks "
+            f"(fingerprints {_groups(fps)})."
+        )
+        if len(lines) >= 2:
+            break
+    return lines, first
+
+
+def compare(
+    records: list[dict[str, Any]], missing: list[int], timeout: float | None = None
+) -> list[Finding]:
+    """Findings for one epoch check of one loader, the same on every rank."""
+    records = sorted(records, key=lambda r: int(r["rank"]))
+    out: list[Finding] = []
+    if not records:
+        return out
+    head = records[0]
+    loader = str(head.get("loader"))
+    epoch = int(head.get("epoch", 0))
+    where = f"{loader} ({head.get('chain')}), epoch {epoch}"
+    if missing:
+        arrived = [int(r["rank"]) for r in records]
+        out.append(
+            Finding(
+                kind=fk.RANK_MISSING,
+                severity="warning",
+                message=(
+                    f"Rank(s) {format_ranks(missing)} did not reach the order check of {where}"
+                    + (f" within {timeout:g} s" if timeout is not None else "")
+                    + f" (arrived: {format_ranks(arrived)}); the orders were not compared."
+                ),
+                ranks=list(missing),
+                remedy="A sharded loader must be iterated by every rank; iterate "
+                "rank-0-only evaluation loaders without a DistributedSampler.",
+                details={"loader": loader, "epoch": epoch, "check": "epoch-order"},
+            )
+        )
+    if len(records) < 2:
+        return out
+    datasets = {int(r["rank"]): r.get("dataset") for r in records}
+    if len(set(datasets.values())) > 1:
+        out.append(_dataset_finding(records, where, datasets, loader, epoch))
+    states = {int(r["rank"]): r.get("sampler_state") for r in records}
+    orders = {int(r["rank"]): list(r.get("order") or []) for r in records}
+    differs = [
+        key
+        for key in ("seed", "epoch", "shuffle", "drop_last", "total_size", "resume_at")
+        if len({str((s or {}).get(key)) for s in states.values()}) > 1
+    ]
+    if differs or _common_prefix_differs(orders):
+        out.append(_order_finding(records, where, states, orders, differs, loader, epoch))
+    return out
+
+
+def _dataset_finding(
+    records: list[dict[str, Any]], where: str, datasets: dict[int, Any], loader: str, epoch: int
+) -> Finding:
+    split = None
+    for r in records:
+        for e in r.get("dataset_draws") or []:
+            split = e
+            break
+        if split:
+            break
+    lines = [
+        f"The ranks shard different datasets in {where}: the index mapping each rank is about "
+        f"to shard differs ({_groups(datasets)}).",
+        "Each rank splits its own permutation of a different mapping: samples are duplicated "
+        "across ranks and others never seen (a random_split without a shared generator also "
+        "leaks validation samples into training).",
+    ]
+    if split is not None:
+        user = split.get("user_call_site")
+        lines.append(
+            f"The mapping was drawn by {split.get('op')} at {format_site(split.get('call_site'))}"
+            + (f", called from {format_site(user)}" if user else "")
+            + f", from {split.get('generator')}."
+        )
+    return Finding(
+        kind=fk.DATASET_DIVERGENCE,
+        severity="error",
+        message="\n".join(lines),
+        ranks=sorted(datasets),
+        generator=split.get("generator") if split else None,
+        call_site=split.get("call_site") if split else None,
+        user_call_site=split.get("user_call_site") if split else None,
+        remedy=DATASET_REMEDY,
+        details={
+            "loader": loader,
+            "epoch": epoch,
+            "datasets": {str(k): v for k, v in datasets.items()},
+        },
+    )
+
+
+def _order_finding(
+    records: list[dict[str, Any]],
+    where: str,
+    states: dict[int, Any],
+    orders: dict[int, list[str]],
+    differs: list[str],
+    loader: str,
+    epoch: int,
+) -> Finding:
+    chain = str(records[0].get("chain"))
+    lines = [f"The ranks are about to shard different orders in {where}."]
+    remedy = ORDER_REMEDY
+    if differs:
+        for key in differs:
+            values = {rank: (s or {}).get(key) for rank, s in states.items()}
+            lines.append(
+                f"The DistributedSampler's {key} differs across ranks ({_groups(values)})."
+            )
+        remedy = DS_EPOCH_REMEDY if differs == ["epoch"] else DS_SEED_REMEDY
+    else:
+        firsts = {rank: (o[0] if o else None) for rank, o in orders.items()}
+        lines.append(f"The first batch of the order before sharding differs ({_groups(firsts)}).")
+        if "SeedableRandomSampler" in chain:
+            remedy = SEEDABLE_REMEDY
+    draw_lines, draw = _draw_lines(records)
+    lines.extend(draw_lines)
+    lines.append(
+        "Each rank takes its share of a different permutation: this epoch duplicates some samples "
+        "and drops others. Nothing else will report this."
+    )
+    return Finding(
+        kind=fk.SAMPLER_DRAW_DIVERGENCE,
+        severity="error",
+        message="\n".join(lines),
+        ranks=sorted(orders),
+        generator=draw.get("generator") if draw else None,
+        call_site=draw.get("call_site") if draw else None,
+        user_call_site=draw.get("user_call_site") if draw else None,
+        remedy=remedy,
+        details={
+            "loader": loader,
+            "epoch": epoch,
+            "sampler": chain,
+            "check": "epoch-order",
+            "differs": differs,
+            "first_batches": {str(r): (o[0] if o else None) for r, o in sorted(orders.items())},
+        },
+    )
+
+
+def repeated(record: dict[str, Any], previous: dict[str, Any] | None) -> Finding | None:
+    """A warning when a shuffling sampler hands out exactly the previous epoch's order."""
+    if previous is None or not record.get("shuffling"):
+        return None
+    same_state = record.get("sampler_state") is not None and record.get(
+        "sampler_state"
+    ) == previous.get("sampler_state")
+    same_order = bool(record.get("order")) and record.get("order") == previous.get("order")
+    if not (same_state or same_order):
+        return None
+    where = f"{record.get('loader')} ({record.get('chain')})"
+    return Finding(
+        kind=fk.EPOCH_ORDER_REPEATED,
+        severity="warning",
+        message=(
+            f"Epoch {record.get('epoch')} of {where} hands out exactly the order of epoch "
+            f"{previous.get('epoch')}: the shuffling sampler was not advanced (set_epoch "
+            "never called?). Training quietly sees the same order every epoch."
+        ),
+        ranks=[int(record["rank"])],
+        remedy=REPEAT_REMEDY,
+        details={"loader": record.get("loader"), "epoch": record.get("epoch")},
+    )

@@ -1,0 +1,377 @@
+"""Torchrun-able set-ups that corrupt (or keep) what ranks shard, by mechanisms beyond the seed's.
+
+One launch runs every scenario in turn, the way it is told to audit them:
+``block`` (``rngaudit.audit()`` around the set-up), ``env`` (the test sets ``RNGAUDIT=1``; no code
+change) or ``none`` (rngaudit never imported: the truth). Each scenario seeds what it needs, so
+its per-epoch partition is the same in every launch. Each rank writes ``result-rank<R>.json``:
+per scenario, the items it trained on at each epoch (until rngaudit raised) and what was raised.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import faulthandler
+import json
+import os
+import random
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset, Sampler, Subset, random_split
+from torch.utils.data.distributed import DistributedSampler
+
+WATCHDOG_S = float(os.environ.get("RNGAUDIT_SCENARIO_WATCHDOG_S", "300"))
+AUDIT_TIMEOUT_S = 60.0
+PG_TIMEOUT = datetime.timedelta(seconds=90)
+
+
+# --------------------------------------------------------------------------- user code
+
+
+class TorchPermSampler(Sampler[int]):
+    """A user's sampler shuffling from the global torch RNG (lerobot's EpisodeAwareSampler)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[int]:
+        perm = torch.randperm(self.n)  # no generator: the global one
+        yield from perm.tolist()
+
+
+class NumpyPermSampler(Sampler[int]):
+    """A user's sampler shuffling from numpy's global RNG (llm.c, open-mmlab samplers)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[int]:
+        yield from np.random.permutation(self.n).tolist()
+
+
+class Items(Dataset[int]):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+# --------------------------------------------------------------------------- the harness
+
+
+@dataclass
+class Ctx:
+    how: str
+    rank: int
+    world: int
+    report_dir: Path
+    every_epoch: bool = False
+
+    def audited(self, body: Callable[[], Any]) -> Any:
+        if self.how != "block":
+            return body()
+        import rngaudit
+
+        with rngaudit.audit(
+            report_dir=self.report_dir, timeout=AUDIT_TIMEOUT_S, every_epoch=self.every_epoch
+        ):
+            return body()
+
+    def accelerator(self, *, stateful: bool) -> Any:
+        from accelerate import Accelerator, DataLoaderConfiguration
+        from accelerate.utils import InitProcessGroupKwargs
+
+        return Accelerator(
+            cpu=True,
+            dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=stateful),
+            kwargs_handlers=[InitProcessGroupKwargs(backend="gloo", timeout=PG_TIMEOUT)],
+        )
+
+
+@dataclass
+class Plan:
+    loader: Any
+    epochs: int = 1
+    before_epoch: Callable[[int], None] | None = None
+    after_epoch: Callable[[int], None] | None = None
+
+
+@dataclass
+class Scenario:
+    name: str
+    build: Callable[[Ctx], Plan]
+    every_epoch: bool = False
+    notes: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+N = 32
+
+
+# --------------------------------------------------------------------------- issue 9 classes
+
+
+def user_sampler_stateful(ctx: Ctx) -> Plan:
+    acc = ctx.accelerator(stateful=True)
+    seed_all(42)
+    if ctx.rank == 0:
+        torch.rand(1)  # a rank-0-only evaluation before prepare()
+    loader = DataLoader(Items(N), batch_size=2, sampler=TorchPermSampler(N), num_workers=2)
+    return Plan(ctx.audited(lambda: acc.prepare(loader)))
+
+
+def user_numpy_sampler_stateful(ctx: Ctx) -> Plan:
+    acc = ctx.accelerator(stateful=True)
+    seed_all(42)
+    if ctx.rank == 0:
+        np.random.rand()
+    loader = DataLoader(Items(N), batch_size=2, sampler=NumpyPermSampler(N), num_workers=2)
+    return Plan(ctx.audited(lambda: acc.prepare(loader)))
+
+
+def user_sampler_default_loader(ctx: Ctx) -> Plan:
+    acc = ctx.accelerator(stateful=False)
+    seed_all(42)
+    if ctx.rank == 0:
+        torch.rand(1)
+    loader = DataLoader(Items(N), batch_size=2, sampler=TorchPermSampler(N))
+    return Plan(ctx.audited(lambda: acc.prepare(loader)))
+
+
+def _dist_loader(ctx: Ctx, ds: Any, seed: int, **kw: Any) -> tuple[Any, Any]:
+    def body() -> tuple[Any, Any]:
+        sampler = DistributedSampler(ds, shuffle=True, seed=seed)
+        return DataLoader(ds, batch_size=2, sampler=sampler, **kw), sampler
+
+    result: tuple[Any, Any] = ctx.audited(body)
+    return result
+
+
+def ds_seed_per_rank(ctx: Ctx) -> Plan:
+    seed_all(0)
+    loader, _ = _dist_loader(ctx, Items(N), seed=ctx.rank)  # NVlabs/LongLive#71
+    return Plan(loader)
+
+
+def ds_shared_seed_per_rank_global(ctx: Ctx) -> Plan:
+    seed_all(100 + ctx.rank)  # per-rank seeds on purpose (dropout)
+    loader, sampler = _dist_loader(ctx, Items(N), seed=7)
+
+    def dropout(epoch: int) -> None:
+        F.dropout(torch.ones(8), p=0.5, training=True)  # differs per rank, by design
+
+    return Plan(loader, epochs=2, before_epoch=lambda e: (sampler.set_epoch(e), dropout(e)))
+
+
+def random_split_per_rank(ctx: Ctx) -> Plan:
+    seed_all(100 + ctx.rank)
+    train, _val = random_split(Items(N), [24, 8])  # no generator: Lightning#18638
+    loader, _ = _dist_loader(ctx, train, seed=0)
+    return Plan(loader)
+
+
+def random_split_shared_generator(ctx: Ctx) -> Plan:
+    seed_all(100 + ctx.rank)
+    train, _val = random_split(Items(N), [24, 8], generator=torch.Generator().manual_seed(5))
+    loader, _ = _dist_loader(ctx, train, seed=0)
+    return Plan(loader)
+
+
+def subset_randperm_accelerate(ctx: Ctx) -> Plan:
+    acc = ctx.accelerator(stateful=False)
+    seed_all(100 + ctx.rank)
+    ds = Subset(Items(N), torch.randperm(N)[:24].tolist())  # datasets#5696 shape
+    loader = DataLoader(ds, batch_size=2, shuffle=True)
+    return Plan(ctx.audited(lambda: acc.prepare(loader)))
+
+
+def shuffled_list_accelerate(ctx: Ctx) -> Plan:
+    acc = ctx.accelerator(stateful=False)
+    seed_all(100 + ctx.rank)
+    items = list(range(N))
+    random.shuffle(items)  # unseeded per-rank shuffle of the sample list, then sharding
+    ds = Subset(Items(N), items[:24])
+    loader = DataLoader(ds, batch_size=2, shuffle=False)
+    return Plan(ctx.audited(lambda: acc.prepare(loader)))
+
+
+def rank0_eval_default_loader(ctx: Ctx) -> Plan:
+    acc = ctx.accelerator(stateful=False)
+    seed_all(42)
+    if ctx.rank == 0:
+        torch.rand(1)  # accelerate broadcasts the sampler's generator at iteration: intact
+    loader = DataLoader(Items(N), batch_size=2, shuffle=True, num_workers=2)
+    return Plan(ctx.audited(lambda: acc.prepare(loader)), epochs=2)
+
+
+# --------------------------------------------------------------------------- issue 13 (epochs)
+
+
+def set_epoch_forgotten(ctx: Ctx) -> Plan:
+    seed_all(0)
+    loader, _ = _dist_loader(ctx, Items(N), seed=3)
+    return Plan(loader, epochs=2)  # set_epoch never called: epoch 1 repeats epoch 0
+
+
+def set_epoch_differs(ctx: Ctx) -> Plan:
+    seed_all(0)
+    loader, sampler = _dist_loader(ctx, Items(N), seed=3)
+    # a rank resumed with the wrong epoch counter: rank 1 is one epoch behind from epoch 1 on
+    return Plan(loader, epochs=2, before_epoch=lambda e: sampler.set_epoch(max(0, e - ctx.rank)))
+
+
+def set_epoch_correct(ctx: Ctx) -> Plan:
+    seed_all(100 + ctx.rank)
+    loader, sampler = _dist_loader(ctx, Items(N), seed=3, num_workers=2)
+    return Plan(loader, epochs=2, before_epoch=sampler.set_epoch)
+
+
+def mid_training_rank0_eval(ctx: Ctx) -> Plan:
+    acc = ctx.accelerator(stateful=False)
+    seed_all(42)
+    loader = DataLoader(Items(N), batch_size=2, sampler=TorchPermSampler(N))
+
+    def evaluate(epoch: int) -> None:
+        if ctx.rank == 0:
+            torch.rand(3)  # a rank-0-only evaluation after epoch 0 (lerobot#3768)
+
+    return Plan(ctx.audited(lambda: acc.prepare(loader)), epochs=2, after_epoch=evaluate)
+
+
+def eval_all_ranks(ctx: Ctx) -> Plan:
+    acc = ctx.accelerator(stateful=False)
+    seed_all(42)
+    loader = DataLoader(Items(N), batch_size=2, sampler=TorchPermSampler(N))
+
+    def evaluate(epoch: int) -> None:
+        torch.rand(3)  # every rank evaluates: the global RNG stays equal
+
+    return Plan(ctx.audited(lambda: acc.prepare(loader)), epochs=2, after_epoch=evaluate)
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in [
+        Scenario("user_sampler_stateful", user_sampler_stateful),
+        Scenario("user_numpy_sampler_stateful", user_numpy_sampler_stateful),
+        Scenario("user_sampler_default_loader", user_sampler_default_loader),
+        Scenario("ds_seed_per_rank", ds_seed_per_rank),
+        Scenario("ds_shared_seed_per_rank_global", ds_shared_seed_per_rank_global, True),
+        Scenario("random_split_per_rank", random_split_per_rank),
+        Scenario("random_split_shared_generator", random_split_shared_generator),
+        Scenario("subset_randperm_accelerate", subset_randperm_accelerate),
+        Scenario("shuffled_list_accelerate", shuffled_list_accelerate),
+        Scenario("rank0_eval_default_loader", rank0_eval_default_loader, True),
+        Scenario("set_epoch_forgotten", set_epoch_forgotten, True),
+        Scenario("set_epoch_differs", set_epoch_differs, True),
+        Scenario("set_epoch_correct", set_epoch_correct, True),
+        Scenario("mid_training_rank0_eval", mid_training_rank0_eval, True),
+        Scenario("eval_all_ranks", eval_all_ranks, True),
+    ]
+}
+
+
+# --------------------------------------------------------------------------- running
+
+
+def _items(batch: Any) -> list[int]:
+    if isinstance(batch, list | tuple):
+        batch = batch[0]
+    if isinstance(batch, torch.Tensor):
+        return [int(i) for i in batch.tolist()]
+    return [int(i) for i in batch]
+
+
+def run_one(sc: Scenario, ctx: Ctx) -> dict[str, Any]:
+    out: dict[str, Any] = {"epochs": [], "raised": False, "raised_at": None}
+    ctx.every_epoch = sc.every_epoch
+    stage = "set-up"
+    try:
+        plan = sc.build(ctx)
+        for epoch in range(plan.epochs):
+            stage = f"epoch {epoch}"
+            if plan.before_epoch is not None:
+                plan.before_epoch(epoch)
+            items: list[int] = []
+            for batch in plan.loader:
+                items.extend(_items(batch))
+            out["epochs"].append(items)
+            if plan.after_epoch is not None:
+                plan.after_epoch(epoch)
+    except Exception as exc:
+        if type(exc).__module__.split(".")[0] != "rngaudit":
+            raise
+        out.update(
+            raised=True,
+            raised_at=stage,
+            error_type=type(exc).__name__,
+            message=str(exc),
+            kinds=sorted({f.kind for f in getattr(exc, "report", None).findings})
+            if getattr(exc, "report", None) is not None
+            else [],
+        )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("outdir", type=Path)
+    parser.add_argument("--how", choices=("block", "env", "none"), required=True)
+    parser.add_argument("--only", default="", help="comma-separated scenario names")
+    args = parser.parse_args(argv)
+    faulthandler.dump_traceback_later(WATCHDOG_S, exit=True)
+    if not dist.is_initialized():
+        dist.init_process_group(backend="gloo", timeout=PG_TIMEOUT)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    args.outdir.mkdir(parents=True, exist_ok=True)
+    names = [n for n in args.only.split(",") if n] or list(SCENARIOS)
+    results: dict[str, Any] = {}
+    status = 0
+    try:
+        for name in names:
+            ctx = Ctx(args.how, rank, world, args.outdir / "report")
+            try:
+                results[name] = run_one(SCENARIOS[name], ctx)
+            except Exception:
+                traceback.print_exc()
+                results[name] = {"crashed": traceback.format_exc()}
+                status = 1
+            dist.barrier()
+        results["_meta"] = {"rngaudit_imported": "rngaudit" in sys.modules, "world": world}
+        path = args.outdir / f"result-rank{rank}.json"
+        path.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""What ranks shard, whatever drew it: verdicts checked against partitions measured unaudited.
+
+Three torchrun launches run every set-up in tests/distributed/harm_scenarios.py: without
+rngaudit (the truth), with ``rngaudit.audit()`` around the set-up, and under ``RNGAUDIT=1``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.timeout(600)
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "tests" / "distributed" / "harm_scenarios.py"
+NPROC = 2
+
+# Stated here, independently of the scenario script; the truth test checks each claim.
+MUST_RAISE = {  # scenario -> first corrupted epoch
+    "user_sampler_stateful": 0,
+    "user_numpy_sampler_stateful": 0,
+    "user_sampler_default_loader": 0,
+    "ds_seed_per_rank": 0,
+    "random_split_per_rank": 0,
+    "subset_randperm_accelerate": 0,
+    "shuffled_list_accelerate": 0,
+    "set_epoch_differs": 1,
+    "mid_training_rank0_eval": 1,
+}
+MUST_STAY_CLEAN = [
+    "ds_shared_seed_per_rank_global",
+    "random_split_shared_generator",
+    "rank0_eval_default_loader",
+    "set_epoch_correct",
+    "set_epoch_forgotten",
+    "eval_all_ranks",
+]
+DATASET = {"random_split_per_rank", "subset_randperm_accelerate", "shuffled_list_accelerate"}
+HOWS = ["block", "env"]
+
+
+def _launch(outdir: Path, how: str) -> dict[int, dict[str, Any]]:
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        f"--nproc_per_node={NPROC}", str(SCRIPT), str(outdir), "--how", how,
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RNGAUDIT")}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore")
+    if how == "env":
+        env.update(RNGAUDIT="1", RNGAUDIT_REPORT_DIR=str(outdir / "report"))
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400
+    )  # fmt: skip
+    tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
+    assert proc.returncode == 0, f"{how}: torchrun exited {proc.returncode}\n{tail}"
+    results = {}
+    for rank in range(NPROC):
+        results[rank] = json.loads((outdir / f"result-rank{rank}.json").read_text())
+    return results
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for how in ("none", *HOWS):
+        outdir = tmp_path_factory.mktemp(f"harm-{how}")
+        out[how] = _launch(outdir, how)
+        out[how + "_dir"] = outdir
+    return out
+
+
+def _corrupted(per_rank: list[list[int]]) -> bool:
+    union = [i for items in per_rank for i in items]
+    return len(set(union)) != len(union) or not union
+
+
+def _truth(runs: dict[str, Any], scenario: str) -> list[bool]:
+    """Per epoch: is the partition corrupted (duplicates or missing samples)?"""
+    res = runs["none"]
+    epochs = len(res[0][scenario]["epochs"])
+    return [
+        _corrupted([res[r][scenario]["epochs"][e] for r in range(NPROC)]) for e in range(epochs)
+    ]
+
+
+def test_unaudited_run_never_imports_rngaudit(runs: dict[str, Any]) -> None:
+    assert runs["none"][0]["_meta"]["rngaudit_imported"] is False
+
+
+@pytest.mark.parametrize("scenario", [*MUST_RAISE, *MUST_STAY_CLEAN])
+def test_scenario_is_what_it_claims(runs: dict[str, Any], scenario: str) -> None:
+    truth = _truth(runs, scenario)
+    if scenario in MUST_RAISE:
+        first = MUST_RAISE[scenario]
+        assert truth[first] and not any(truth[:first]), truth
+    else:
+        assert not any(truth), truth
+
+
+@pytest.mark.parametrize("how", HOWS)
+@pytest.mark.parametrize("scenario", [*MUST_RAISE, *MUST_STAY_CLEAN])
+def test_verdict_matches_the_measured_partition(
+    runs: dict[str, Any], how: str, scenario: str
+) -> None:
+    truth = _truth(runs, scenario)
+    for rank in range(NPROC):
+        res = runs[how][rank][scenario]
+        assert "crashed" not in res, res.get("crashed")
+        if any(truth):
+            first = truth.index(True)
+            assert res["raised"], f"rank {rank}: corrupted at epoch {first} but no raise"
+            assert res["error_type"] == "RNGDivergenceError", res
+            # raised before the first corrupted epoch's first batch reached the user
+            raised_epoch = -1 if res["raised_at"] == "set-up" else int(res["raised_at"].split()[1])
+            assert raised_epoch <= first, res["raised_at"]
+            assert len(res["epochs"]) <= first
+            expected = "dataset-divergence" if scenario in DATASET else "sampler-draw-divergence"
+            assert expected in res["kinds"], res["kinds"]
+        else:
+            assert not res["raised"], f"rank {rank}: {res.get('message')}"
+
+
+@pytest.mark.parametrize("how", HOWS)
+def test_auditing_changes_no_partition(runs: dict[str, Any], how: str) -> None:
+    """Every epoch trained before any raise holds the same items as without rngaudit."""
+    for scenario in [*MUST_RAISE, *MUST_STAY_CLEAN]:
+        for rank in range(NPROC):
+            audited = runs[how][rank][scenario]["epochs"]
+            plain = runs["none"][rank][scenario]["epochs"]
+            assert audited == plain[: len(audited)], (scenario, rank)
+            if scenario in MUST_STAY_CLEAN:
+                assert len(audited) == len(plain)
+
+
+@pytest.mark.parametrize("how", HOWS)
+def test_messages_name_what_to_fix(runs: dict[str, Any], how: str) -> None:
+    res = runs[how][0]
+    default = res["user_sampler_default_loader"]["message"]
+    assert "TorchPermSampler" in default and "harm_scenarios.py:51" in default
+    assert "aten.randperm" in default and "torch.default_generator" in default
+    assert "`generator` attribute" in default
+    seeds = res["ds_seed_per_rank"]["message"]
+    assert "seed differs across ranks (rank 0: 0; rank 1: 1)" in seeds
+    assert "same seed=" in seeds
+    epoch = res["set_epoch_differs"]["message"]
+    assert "epoch 1" in epoch and "set_epoch" in epoch
+    numpy_msg = res["user_numpy_sampler_stateful"]["message"]
+    assert "NumpyPermSampler" in numpy_msg and "numpy.random" in numpy_msg
+    assert "random_split" in res["random_split_per_rank"]["message"]
+
+
+def test_forgotten_set_epoch_warns(runs: dict[str, Any]) -> None:
+    plain = runs["none"][0]["set_epoch_forgotten"]["epochs"]
+    assert plain[0] == plain[1]  # the truth: the same order twice
+    for how in HOWS:
+        merged = json.loads((runs[how + "_dir"] / "report" / "report.json").read_text())
+        kinds = [f for f in merged["findings"] if f["kind"] == "epoch-order-repeated"]
+        assert kinds, how
+        assert all(f["severity"] == "warning" for f in kinds)
+        assert all("set_epoch" in f["remedy"] for f in kinds)
+    correct = runs["none"][0]["set_epoch_correct"]["epochs"]
+    assert correct[0] != correct[1]
+
+
+@pytest.mark.parametrize("how", HOWS)
+def test_every_rank_leaves_its_report(runs: dict[str, Any], how: str) -> None:
+    report = runs[how + "_dir"] / "report"
+    for name in ("rank-0.json", "rank-1.json", "report.json"):
+        assert (report / name).is_file(), name
+    merged = json.loads((report / "report.json").read_text())
+    assert merged["verdict"] == "error"
+    assert merged["world_size"] == NPROC
+    kinds = {f["kind"] for f in merged["findings"]}
+    assert {"sampler-draw-divergence", "dataset-divergence"} <= kinds
