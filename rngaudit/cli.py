@@ -14,6 +14,7 @@ from rngaudit.config import DEFAULT_REPORT_DIR, ENV_MODE, ENV_REPORT_DIR, ENV_TI
 from rngaudit.errors import ConfigError, ReportError, RNGAuditError
 from rngaudit.render import render_json, render_markdown, render_summary, render_text
 from rngaudit.report import AuditReport
+from rngaudit.report_files import set_aside
 from rngaudit.report_load import find_report_files, load_report_dir
 
 OK, FINDINGS, UNUSABLE = 0, 1, 2  # exit statuses
@@ -129,8 +130,7 @@ def _run(args: argparse.Namespace) -> int:
         raise ReportError(f"report directory is not a directory: {directory}")
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        for stale in find_report_files(directory):
-            stale.unlink()
+        set_aside(directory)  # the last run's files go to previous/, never deleted
     except OSError as exc:
         raise ReportError(f"cannot prepare report directory {directory}: {exc}") from None
 

@@ -14,7 +14,6 @@ ENV_MODE = "RNGAUDIT"  # 1|raise|warn|report switch the whole run on; unset or 0
 ENV_REPORT_DIR = "RNGAUDIT_REPORT_DIR"  # where reports go (default ./rngaudit-report)
 ENV_TIMEOUT = "RNGAUDIT_TIMEOUT"  # seconds a rank waits for the others (default 120)
 ENV_EPOCHS = "RNGAUDIT_EPOCHS"  # all (default): order check at every epoch; first; 0: off
-ENV_OWNER = "_RNGAUDIT_OWNER_PID"  # set by an audited process; its children stay passive
 
 MODES = ("raise", "warn", "report")
 DEFAULT_REPORT_DIR = "rngaudit-report"

@@ -24,15 +24,20 @@ class Exchanged:
     waited: float
 
 
-def distributed() -> tuple[int, int] | None:
-    """(rank, world size) when torch.distributed is initialised with more than one rank."""
+def process_group() -> tuple[int, int] | None:
+    """(rank, world size) when torch.distributed is initialised (any world size)."""
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return None
-    world = int(dist.get_world_size())
-    if world <= 1:
+    return int(dist.get_rank()), int(dist.get_world_size())
+
+
+def distributed() -> tuple[int, int] | None:
+    """(rank, world size) when torch.distributed is initialised with more than one rank."""
+    where = process_group()
+    if where is None or where[1] <= 1:
         return None
-    return int(dist.get_rank()), world
+    return where
 
 
 def _store() -> Any:

@@ -5,12 +5,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
 
 RANK_FILE = "rank-{rank}.json"
 MERGED_FILE = "report.json"
+PREVIOUS_DIR = "previous"  # the run before the latest one, moved aside whole
+_RUN_ID = re.compile(rb'"run_id":\s*"([^"\\]*)"')
+_HEAD = 4096  # run_id is written near the start of every file (after schema_version)
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
@@ -35,3 +39,52 @@ def rank_path(report_dir: Path, rank: int) -> Path:
 
 def merged_path(report_dir: Path) -> Path:
     return report_dir / MERGED_FILE
+
+
+def report_files(report_dir: Path) -> list[Path]:
+    """``report.json`` and the ``rank-<R>.json`` files in ``report_dir`` (no sub-directory)."""
+    if not report_dir.is_dir():
+        return []
+    pattern = RANK_FILE.format(rank="*")
+    return sorted(p for p in report_dir.iterdir() if p.name == MERGED_FILE or p.match(pattern))
+
+
+def run_id_of(path: Path) -> str | None:
+    """The run id a report file names (read from its first bytes), None if unreadable."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(_HEAD)
+    except OSError:
+        return None
+    match = _RUN_ID.search(head)
+    return match.group(1).decode("utf-8", "replace") if match else None
+
+
+def set_aside(report_dir: Path, run_id: str | None = None) -> list[Path]:
+    """Move the report files of runs other than ``run_id`` to ``report_dir/previous/``.
+
+    ``previous/`` keeps one run: files there from yet another run are deleted first. Safe
+    when several ranks of the new run call it at once: a file of ``run_id`` is never moved,
+    and a file another rank moved first is skipped. Returns the files moved.
+    """
+    stale = [p for p in report_files(report_dir) if run_id is None or run_id_of(p) != run_id]
+    if not stale:
+        return []
+    previous = report_dir / PREVIOUS_DIR
+    incoming = {run_id_of(p) for p in stale}
+    with contextlib.suppress(OSError):
+        for old in report_files(previous):
+            if run_id_of(old) not in incoming:
+                old.unlink()
+        for tmp in previous.glob(".*.tmp") if previous.is_dir() else []:
+            tmp.unlink()
+    moved = []
+    for path in stale:
+        try:
+            previous.mkdir(exist_ok=True)
+            os.replace(path, previous / path.name)
+            moved.append(path)
+        except FileNotFoundError:  # another rank moved it first
+            continue
+    return moved
+

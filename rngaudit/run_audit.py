@@ -26,6 +26,11 @@ PREPARE_HOOKS = (
     ("accelerate.accelerator", "Accelerator", "prepare", "Accelerator.prepare"),
     ("accelerate.data_loader", None, "prepare_data_loader", "prepare_data_loader"),
 )
+# Called by every rank at the end of a run: ranks compare there if the window is still open.
+DESTROY_HOOKS = (
+    ("torch.distributed", None, "destroy_process_group"),
+    ("torch.distributed.distributed_c10d", None, "destroy_process_group"),
+)
 # Where iteration begins: the window closes there.
 ITERATION_HOOKS = (
     ("torch.utils.data.dataloader", "DataLoader", "__iter__"),
@@ -35,7 +40,12 @@ ITERATION_HOOKS = (
 
 class RunAudit:
     """Records from start-up; concludes an audit at the end of every ``prepare()`` and when
-    the first DataLoader iteration begins, then detaches from the hot paths."""
+    the first DataLoader iteration begins, then detaches from the hot paths.
+
+    The process counts as a rank (and writes a rank file) once it joined a process group or
+    reached a checkpoint (prepared or iterated a loader); a process that did neither (a
+    launcher, pip, a helper) writes nothing at exit. A DataLoader worker detaches at start.
+    """
 
     def __init__(self, settings: config.Settings) -> None:
         self.settings = settings
@@ -51,6 +61,8 @@ class RunAudit:
         self.monitor: Any = None
         self.epochs = config.env_epochs()
         self._sequential: set[int] = set()
+        self.is_rank = False  # joined a process group, or prepared / iterated a loader
+        self.worker = False  # a DataLoader worker: passive for good
 
     # -- lifecycle -----------------------------------------------------------------------
     def arm(self) -> None:
@@ -62,10 +74,24 @@ class RunAudit:
             wrapt.register_post_import_hook(self._hook(cls, method, self._prepare(label)), module)
         for module, cls, method in ITERATION_HOOKS:
             wrapt.register_post_import_hook(self._hook(cls, method, self._iteration), module)
+        for module, cls, method in DESTROY_HOOKS:
+            wrapt.register_post_import_hook(self._hook(cls, method, self._destroy), module)
         wrapt.register_post_import_hook(self._install_monitor, "torch.utils.data.dataloader")
         if self.epochs != "off":
             watch = epoch_check.Watch(self.settings, self.session, self.epochs == "all")
             epoch_check.GUARD.watch_all(watch)
+
+    def become_worker(self) -> None:
+        """This process is a DataLoader worker (spawned): record nothing, write nothing."""
+        if self.worker:
+            return
+        self.worker = True
+        self.window_open = False
+        while RECORDER.depth:
+            RECORDER.end()
+        self.patches.undo()
+        if self.monitor is not None:
+            self.monitor.uninstall()
 
     def _hook(self, cls: str | None, method: str, wrapper: Any) -> Callable[[Any], None]:
         def hook(module: Any) -> None:
@@ -77,7 +103,7 @@ class RunAudit:
         return hook
 
     def _install_monitor(self, module: Any) -> None:
-        if os.getpid() != self.pid or self.monitor is not None:
+        if os.getpid() != self.pid or self.monitor is not None or self.worker:
             return
         from rngaudit.workers import WorkerMonitor
 
@@ -133,8 +159,23 @@ class RunAudit:
         self._sequential.add(id(loader))
         return False
 
+    def _destroy(
+        self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kw: dict[str, Any]
+    ) -> Any:
+        """Before the process group goes, compare what is still open (all ranks call this)."""
+        if self.window_open and os.getpid() == self.pid and exchange.process_group() is not None:
+            self._final("destroy_process_group()")
+        return wrapped(*args, **kw)
+
     def checkpoint(self, label: str, timeout: float | None = None, raising: bool = True) -> None:
-        """Conclude the audit segment recorded so far, start the next one, act on it."""
+        """Conclude the audit segment recorded so far, start the next one, act on it.
+
+        Reaching a checkpoint (prepare() or iteration) makes this process a rank.
+        """
+        self.is_rank = True
+        self._checkpoint(label, timeout, raising)
+
+    def _checkpoint(self, label: str, timeout: float | None, raising: bool) -> None:
         with RECORDER.paused():
             events = RECORDER.events_since(self.start_seq, self.index)
             loaders = instrument_loaders.summarize(RECORDER, events)
@@ -167,21 +208,34 @@ class RunAudit:
         self.patches.undo()
 
     def at_exit(self) -> None:
-        """Leave a report also for runs that never prepared nor iterated."""
-        if os.getpid() != self.pid or not self.window_open:
+        """Leave a report also for ranks that never prepared nor iterated (but joined a
+        process group); a process that is not a rank leaves nothing."""
+        if os.getpid() != self.pid or self.worker:
             return
+        if self.window_open:
+            if exchange.process_group() is not None:
+                self.is_rank = True
+            if self.is_rank:
+                self._final("process exit")
+            else:
+                self.window_open = False
+                self._detach()
+        self.session.at_exit()
+
+    def _final(self, label: str) -> None:
+        """The last checkpoint: it never raises (the run is ending); a verdict goes to stderr."""
         self.window_open = False
         try:
-            self.checkpoint(
-                "process exit", timeout=min(self.settings.timeout, EXIT_TIMEOUT), raising=False
+            self._checkpoint(
+                label, timeout=min(self.settings.timeout, EXIT_TIMEOUT), raising=False
             )
             report = self.reports[-1]
-            if report.verdict != "ok":
+            if report.verdict not in ("ok", "info"):
                 sys.stderr.write(
-                    f"rngaudit: {report.verdict} at process exit; see "
+                    f"rngaudit: {report.verdict} at {label}; see "
                     f"{self.session.report_dir}/report.json\n"
                 )
         except Exception as exc:
-            sys.stderr.write(f"rngaudit: could not write the report at exit: {exc!r}\n")
+            sys.stderr.write(f"rngaudit: could not write the report at {label}: {exc!r}\n")
         finally:
             self._detach()

@@ -6,6 +6,7 @@ import itertools
 import os
 import random
 import socket
+import sys
 import threading
 import warnings
 from pathlib import Path
@@ -24,7 +25,18 @@ _lock = threading.Lock()
 
 
 def _new_run_id() -> str:
+    """A fresh id per process; at the first exchange every rank adopts rank 0's, so the id
+    names one launch (torchrun's ``TORCHELASTIC_RUN_ID`` is ``none`` unless set)."""
     return f"{_private_random.getrandbits(64):016x}"
+
+
+def launched_world_size(environ: Any = None) -> int:
+    """The world size the launcher announced (``WORLD_SIZE``), 1 when absent or unreadable."""
+    value = (os.environ if environ is None else environ).get("WORLD_SIZE", "")
+    try:
+        return max(1, int(value))
+    except ValueError:
+        return 1
 
 
 class Session:
@@ -33,9 +45,15 @@ class Session:
     def __init__(self, report_dir: Path, mode: str) -> None:
         self.report_dir = report_dir
         self.mode = mode
-        self.run_id = os.environ.get("TORCHELASTIC_RUN_ID") or _new_run_id()
-        self.rank = int(os.environ.get("RANK", "0") or 0)
-        self.world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        self.run_id = _new_run_id()
+        try:
+            self.rank = int(os.environ.get("RANK", "0") or 0)
+        except ValueError:
+            self.rank = 0
+        self.world_size = launched_world_size()
+        self.joined = False  # has exchanged through a process group: rank and world are known
+        self.pending: list[tuple[int, str, dict[str, Any]]] = []  # deferred: no group yet
+        self._set_aside_for: str | None = None  # run id whose predecessors were moved away
         self.audits: list[dict[str, Any]] = []
         self.findings: list[Finding] = []
         self.records: dict[int, dict[str, Any]] = {}
@@ -52,26 +70,52 @@ class Session:
     def conclude(
         self, index: int, label: str, record: dict[str, Any], timeout: float
     ) -> AuditReport:
-        """Exchange ``record`` with the other ranks, compare, write the files."""
-        where = exchange.distributed()
+        """Exchange ``record`` with the other ranks, compare, write the files.
+
+        When the launcher announced more than one rank (``WORLD_SIZE``) but no process group
+        exists yet (Lightning creates it inside ``fit()``), the audit is deferred: its record
+        joins the next audit concluded with a process group, and an empty report comes back.
+        """
+        where = exchange.process_group()
+        if where is None and not self.joined and launched_world_size() > 1:
+            with self._lock:
+                self.pending.append((index, label, record))
+            return AuditReport(
+                run_id=self.run_id,
+                world_size=self.world_size,
+                mode=self.mode,
+                audits=[{"index": index, "label": label, "verdict": "ok", "deferred": True}],
+            )
+        deferred: list[str] = []
+        if self.pending:
+            with self._lock:
+                pending, self.pending = self.pending, []
+            deferred = [lbl for _, lbl, _ in pending]
+            record = _merge_records([rec for _, _, rec in pending], record, index)
         if where is not None:
             self.rank, self.world_size = where
+            self.joined = True
         record = dict(record, rank=self.rank, run_id=self.run_id)
         record["signature"] = compare.signature(record)  # lets compare() group equal ranks
-        key = f"{next(_exchange_keys)}"
+        # exchanges are paired by order: only audits that really exchange count
+        key = f"{next(_exchange_keys)}" if exchange.distributed() is not None else "local"
         # rank 0 writes the merged report: it fetches every record; the others one per group
         result = exchange.exchange(record, key, timeout, fetch_all=self.rank == 0)
-        self.world_size = result.world_size
+        if where is not None:  # after destroy_process_group(): keep the world size known
+            self.world_size = result.world_size
         arrived = sorted(result.records, key=lambda r: int(r["rank"]))
         if arrived and arrived[0].get("run_id"):
             self.run_id = str(arrived[0]["run_id"])  # adopt the lowest rank's run id
         found = compare.compare(arrived, result.world_size, result.missing, index, timeout)
+        entry: dict[str, Any] = {"index": index, "label": label, "verdict": verdict_of(found)}
+        if deferred:
+            entry["deferred"] = deferred  # audits that waited for the process group
         with self._lock:
             found = [f for f in found if not self._repeats_info(f)]
             for rec in arrived:
                 self._accumulate(rec, index)
             self.findings.extend(found)
-            self.audits.append({"index": index, "label": label, "verdict": verdict_of(found)})
+            self.audits.append(entry)
             self.write()
         return AuditReport(
             findings=found,
@@ -138,8 +182,22 @@ class Session:
                 audits=list(self.audits),
             )
 
+    def at_exit(self) -> None:
+        """Say so when audits waited for a process group that never came."""
+        if self.pending:
+            labels = ", ".join(label for _, label, _ in self.pending)
+            sys.stderr.write(
+                f"rngaudit: {len(self.pending)} audit(s) ({labels}) waited for a process group "
+                f"(WORLD_SIZE={launched_world_size()}) that was never created: not compared\n"
+            )
+            self.pending = []
+
     def write(self) -> None:
-        """Write this rank's file, and on rank 0 the merged report."""
+        """Write this rank's file, and on rank 0 the merged report.
+
+        The first write of a run moves files an earlier run left in the directory to
+        ``previous/`` (see :func:`report_files.set_aside`): a new run never destroys them.
+        """
         with self._lock:
             merged = self.report()
             own = self.records.get(self.rank, {"rank": self.rank, "events": [], "states": {}})
@@ -155,6 +213,9 @@ class Session:
                 "record": own,
             }
             try:
+                if self._set_aside_for != self.run_id:
+                    report_files.set_aside(self.report_dir, self.run_id)
+                    self._set_aside_for = self.run_id
                 report_files.write_json(
                     report_files.rank_path(self.report_dir, self.rank), rank_doc
                 )
@@ -180,6 +241,24 @@ def for_dir(report_dir: Path, mode: str) -> Session:
             session = _sessions[key] = Session(key, mode)
         session.mode = mode
         return session
+
+
+def _merge_records(
+    earlier: list[dict[str, Any]], record: dict[str, Any], index: int
+) -> dict[str, Any]:
+    """Deferred records and the current one as one record of audit ``index``: events in
+    order, entry states from the first, exit states from the last."""
+    records = [*earlier, record]
+    events = [dict(e, audit=index) for rec in records for e in rec.get("events", [])]
+    loaders = [loader for rec in records for loader in rec.get("loaders", [])]
+    states = {
+        "entry": records[0].get("states", {}).get("entry", {}),
+        "exit": record.get("states", {}).get("exit", {}),
+    }
+    exception = next((rec["exception"] for rec in records if rec.get("exception")), None)
+    merged = dict(record, events=events, loaders=loaders, states=states, exception=exception)
+    merged["from_start"] = any(bool(rec.get("from_start")) for rec in records)
+    return merged
 
 
 def rank_record(

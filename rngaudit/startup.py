@@ -1,14 +1,16 @@
-"""``RNGAUDIT=1``: arm the audit at interpreter start, compare at the end of every ``prepare()``."""
+"""``RNGAUDIT``: arm the audit at start in every process; ranks are found by what they do."""
 
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
 import sys
 import threading
-from collections.abc import Callable
 from typing import Any
+
+import wrapt
 
 from rngaudit import config
 
@@ -17,32 +19,27 @@ _started = False
 _lock = threading.Lock()
 CONTROLLER: Any = None
 
+# rngaudit's own command line reads reports and never writes one: it does not arm.
+OWN_COMMANDS = ("rngaudit",)
+OWN_MODULES = ("rngaudit",)
+WORKER_MODULE = "torch.utils.data._utils.worker"
 
-# Processes that inherit RNGAUDIT but are not training ranks: the torchrun launcher, and
-# rngaudit's own command line (which reads reports and must never write one).
-LAUNCHERS = ("torchrun", "rngaudit")
-LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch", "rngaudit")
 
-
-def _is_launcher() -> bool:
-    """A launcher (torchrun, ``rngaudit run``) inherits RNGAUDIT but is not a rank."""
+def _is_own_command() -> bool:
+    """``rngaudit report`` / ``rngaudit run`` (also as ``python -m rngaudit``)."""
     argv = list(getattr(sys, "orig_argv", sys.argv))
-    if any(os.path.basename(a) in LAUNCHERS for a in argv[:2]):
+    if any(os.path.basename(a) in OWN_COMMANDS for a in argv[:2]):
         return True
-    return any(a == "-m" and argv[i + 1] in LAUNCHER_MODULES for i, a in enumerate(argv[:-1]))
-
-
-def _is_child() -> bool:
-    """A process started by an audited one (spawned DataLoader worker, helper process)."""
-    if "--multiprocessing-fork" in sys.argv:
-        return True
-    owner = os.environ.get(config.ENV_OWNER)
-    return owner is not None and owner != str(os.getpid())
+    return any(a == "-m" and argv[i + 1] in OWN_MODULES for i, a in enumerate(argv[:-1]))
 
 
 def process_startup(environ: dict[str, str] | None = None) -> Any:
     """Called by the ``.pth`` hook when ``RNGAUDIT`` is set. Idempotent; never raises.
 
+    Every process arms (cheaply: only what is imported gets instrumented). Whether it is a
+    rank is decided later, by what it does: it joins a process group, or prepares or iterates
+    a DataLoader. A process that does neither (a launcher, pip, a helper) writes nothing;
+    a DataLoader worker (forked or spawned) detaches when its worker loop starts.
     Returns the controller, or None when the process runs unaudited.
     """
     global _started, CONTROLLER
@@ -53,7 +50,7 @@ def process_startup(environ: dict[str, str] | None = None) -> Any:
     env = os.environ if environ is None else environ
     try:
         mode = config.env_mode(env.get(config.ENV_MODE))
-        if mode is None or _is_launcher() or _is_child():
+        if mode is None or _is_own_command():
             return None
         settings = config.resolve(mode=mode, environ=env)
     except Exception as exc:  # a typo must never stop Python from starting
@@ -62,14 +59,48 @@ def process_startup(environ: dict[str, str] | None = None) -> Any:
     try:
         from rngaudit.run_audit import RunAudit
 
-        os.environ[config.ENV_OWNER] = str(os.getpid())
         CONTROLLER = RunAudit(settings)
         CONTROLLER.arm()
         atexit.register(CONTROLLER.at_exit)
+        wrapt.register_post_import_hook(_watch_worker_loop, WORKER_MODULE)
     except Exception as exc:
         sys.stderr.write(f"rngaudit: could not start ({exc!r}); running unaudited\n")
         return None
     return CONTROLLER
 
 
-Callback = Callable[[], None]
+def _watch_worker_loop(module: Any) -> None:
+    """In a process started by multiprocessing (a spawned DataLoader worker or an
+    ``mp.spawn`` rank), make the DataLoader worker loop detach the audit when it starts.
+
+    The parent pickles the worker's target by name; the child resolves the name after this
+    hook ran, so it gets :func:`_worker_loop`. The main process is left untouched.
+    """
+    import multiprocessing
+
+    if multiprocessing.current_process().name == "MainProcess":
+        return
+    original = module._worker_loop
+    if getattr(original, "__rngaudit_original__", None) is not None:
+        return
+
+    @functools.wraps(original)
+    def worker_loop(*args: Any, **kwargs: Any) -> Any:
+        become_worker()
+        return original(*args, **kwargs)
+
+    worker_loop.__rngaudit_original__ = original  # type: ignore[attr-defined]
+    module._worker_loop = worker_loop
+
+
+def become_worker() -> None:
+    """This process is a DataLoader worker: stop recording, write nothing. Never raises."""
+    controller = CONTROLLER
+    if controller is None:
+        return
+    try:
+        controller.become_worker()
+    except Exception:
+        log.debug("rngaudit: could not detach a DataLoader worker", exc_info=True)
+
+

@@ -25,7 +25,6 @@ def run_python(
 ) -> subprocess.CompletedProcess[str]:
     """Run the venv's Python with ``args`` and a clean, deterministic environment."""
     full = {k: v for k, v in os.environ.items() if not k.startswith("RNGAUDIT")}
-    full.pop("_RNGAUDIT_OWNER_PID", None)
     full["OMP_NUM_THREADS"] = "1"
     full["PYTHONWARNINGS"] = "ignore"
     full.update(env or {})

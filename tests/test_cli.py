@@ -17,7 +17,7 @@ from rngaudit.cli import main
 
 DATA = Path(__file__).parent / "data"
 GOLDEN = Path(__file__).parent / "golden"
-ENV_NAMES = ("RNGAUDIT", "RNGAUDIT_REPORT_DIR", "RNGAUDIT_TIMEOUT", "_RNGAUDIT_OWNER_PID")
+ENV_NAMES = ("RNGAUDIT", "RNGAUDIT_REPORT_DIR", "RNGAUDIT_TIMEOUT")
 
 # The audited command of the `run` tests: it records the environment it was given, then writes
 # the sample's rank files into $RNGAUDIT_REPORT_DIR the way ranks do, and exits with a code.
@@ -276,12 +276,14 @@ def test_run_with_unusable_report(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert "rank-0.json: invalid JSON" in capsys.readouterr().err
 
 
-def test_run_clears_stale_reports(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_run_moves_stale_reports_aside(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     reports = tmp_path / "r"
     shutil.copytree(DATA / "divergent", reports)
+    before = sorted(p.name for p in reports.iterdir())
     (reports / "notes.txt").write_text("kept")
     assert run_main("--report-dir", str(reports), "--", *child("none", 0, tmp_path / "e")) == 2
-    assert sorted(p.name for p in reports.iterdir()) == ["notes.txt"]
+    assert sorted(p.name for p in reports.iterdir()) == ["notes.txt", "previous"]
+    assert sorted(p.name for p in (reports / "previous").iterdir()) == before
     capsys.readouterr()
 
 

@@ -42,7 +42,9 @@ def test_unmodified_repro_fails_unseeded(tmp_path: Path) -> None:
         "report.json",
     ]
     assert load(tmp_path / "rank-0.json")["world_size"] == 2
-    assert load(tmp_path / "rank-0.json")["run_id"] == load(tmp_path / "rank-1.json")["run_id"]
+    run_id = load(tmp_path / "rank-0.json")["run_id"]
+    assert run_id == load(tmp_path / "rank-1.json")["run_id"] == merged["run_id"]
+    assert run_id not in ("", "none")  # torchrun's default TORCHELASTIC_RUN_ID is "none"
 
 
 def test_unmodified_repro_passes_seeded(tmp_path: Path) -> None:
@@ -86,15 +88,39 @@ def test_unknown_value_prints_one_line_and_runs_unaudited(tmp_path: Path) -> Non
     assert not tmp_path.exists() or not any(tmp_path.iterdir())
 
 
-def test_a_run_without_loaders_still_leaves_a_report(tmp_path: Path) -> None:
-    script = "tests/envmode/no_loader.py"
-    proc = run_python([script], env=env("1", tmp_path))
+def test_a_process_that_is_not_a_rank_writes_nothing(tmp_path: Path) -> None:
+    # no process group, no DataLoader: a helper script, pip, a launcher
+    proc = run_python(["tests/envmode/no_loader.py"], env=env("1", tmp_path))
     assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "done" and "rngaudit" not in proc.stderr
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())
+
+
+def test_ranks_without_loaders_compare_before_destroy_process_group(tmp_path: Path) -> None:
+    script = "tests/envmode/group_no_loader.py"
+    proc = torchrun(script, env=env("1", tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
     merged = load(tmp_path / "report.json")
-    events = merged["ranks"][0]["events"]  # type: ignore[index]
-    draw = [e for e in events if e["op"] == "aten.rand"]
-    assert draw and draw[0]["call_site"]["line"] == line_of(script, "only-draw")
-    assert merged["audits"][-1]["label"] == "process exit"  # type: ignore[index]
+    assert merged["world_size"] == 2  # recorded while the group existed
+    assert merged["audits"][-1]["label"] == "destroy_process_group()"  # type: ignore[index]
+    for rank in (0, 1):
+        assert load(tmp_path / f"rank-{rank}.json")["world_size"] == 2
+    stray = [f for f in merged["findings"] if f["kind"] == "consumption-mismatch"]  # type: ignore[attr-defined]
+    assert stray and stray[0]["call_site"]["line"] == line_of(script, "rank-0-draw")
+
+
+def test_a_new_run_moves_the_previous_run_aside(tmp_path: Path) -> None:
+    script = "tests/envmode/one_loader.py"
+    first = run_python([script], env=env("1", tmp_path))
+    assert first.returncode == 0, first.stderr
+    first_id = load(tmp_path / "report.json")["run_id"]
+    second = run_python([script], env=env("1", tmp_path))
+    assert second.returncode == 0, second.stderr
+    second_id = load(tmp_path / "report.json")["run_id"]
+    assert first_id != second_id
+    assert load(tmp_path / "previous" / "report.json")["run_id"] == first_id
+    assert load(tmp_path / "previous" / "rank-0.json")["run_id"] == first_id
+    assert load(tmp_path / "rank-0.json")["run_id"] == second_id
 
 
 def test_spawned_workers_are_not_perturbed(tmp_path: Path) -> None:
