@@ -11,7 +11,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from rngaudit import compare, exchange, report_files
+from rngaudit import compare, environment, exchange, report_files
 from rngaudit.errors import RNGAuditWarning
 from rngaudit.findings import Finding, verdict_of
 from rngaudit.recorder import RECORDER
@@ -116,6 +116,7 @@ class Session:
         )
         acc["states"] = rec.get("states", {})
         acc["run_id"] = self.run_id
+        acc["environment"] = rec.get("environment")
 
     def report(self) -> AuditReport:
         with self._lock:
@@ -192,4 +193,5 @@ def rank_record(
         "initial_seeds": RECORDER.initial_seeds(),
         "from_start": from_start,
         "exception": exception,
+        "environment": environment.describe(),
     }
