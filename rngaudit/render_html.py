@@ -17,7 +17,6 @@ from rngaudit.render import (
     _event_sites,
     _event_summary,
     _finding_fields,
-    _loader_lines,
     _run_line,
     _Timeline,
     _timeline_title,
@@ -179,24 +178,35 @@ def _finding(report: AuditReport, finding: Finding) -> str:
 
 
 def _loaders(report: AuditReport) -> str:
+    """The loaders built in the audited windows, with sampler chains and early draws."""
     loaders: dict[tuple[Any, str], dict[str, Any]] = {}
+    early: dict[tuple[Any, str], dict[str, list[int]]] = {}
     for record in report.ranks:
         for loader in record.get("loaders") or []:
-            loaders.setdefault((loader.get("audit"), str(loader.get("loader"))), loader)
+            key = (loader.get("audit"), str(loader.get("loader")))
+            loaders.setdefault(key, loader)
+            if loader.get("drew_before_iteration"):
+                states = early.setdefault(key, {})
+                states.setdefault(str(loader.get("fingerprint")), []).append(
+                    int(record.get("rank", 0))
+                )
     if not loaders:
         return ""
-    rows = "".join(
-        f"<tr><td><code>{_e(str(loader.get('loader')))}</code></td>"
-        f"<td>{_e(str(loader.get('num_workers', 0)))}</td>"
-        f"<td><code>{_e(str(loader.get('sampler') or 'no sampler'))}</code></td>"
-        f"<td><code>{_e(str(loader.get('generator')))}</code></td>"
-        f"<td>{_e(line.rsplit(': ', 1)[-1])}</td></tr>"
-        for loader, line in zip(loaders.values(), _loader_lines(report), strict=True)
-    )
+    rows = []
+    for key, loader in loaders.items():
+        drawn = early.get(key) or {}
+        drew = "; ".join(f"{ranks_label(r)} state {fp}" for fp, r in drawn.items())
+        drew = f"drew: {drew}" if drew else "no draw"
+        rows.append(
+            f"<tr><td><code>{_e(str(loader.get('loader')))}</code></td>"
+            f"<td>{_e(str(loader.get('num_workers', 0)))}</td>"
+            f"<td><code>{_e(str(loader.get('sampler') or 'no sampler'))}</code></td>"
+            f"<td><code>{_e(str(loader.get('generator')))}</code></td><td>{_e(drew)}</td></tr>"
+        )
     return (
         '<section id="loaders"><h2>Loaders built in the audited windows</h2>'
         '<table class="plain"><tr><th>loader</th><th>workers</th><th>sampler chain</th>'
-        f"<th>generator</th><th>before iteration</th></tr>{rows}</table></section>\n"
+        f"<th>generator</th><th>before iteration</th></tr>{''.join(rows)}</table></section>\n"
     )
 
 
