@@ -32,7 +32,7 @@ from rngaudit.render_diff import (
 )
 from rngaudit.report import AuditReport
 
-FOLD_MIN = 3  # equal positions in a row that are folded into one <details>
+FOLD_MIN = 2  # equal positions in a row that are folded into one <details>
 MAX_ROWS = 400  # positions shown per timeline (the page stays small for huge runs)
 
 Event = dict[str, Any]
