@@ -57,10 +57,12 @@ def start() -> Any:
 
 
 def screenshot(page: Path, png: Path) -> None:
-    """Open ``page`` and save a full-width screenshot of its first screen to ``png``."""
+    """Open ``page`` and save a screenshot of the whole page (up to 3,000 pixels) to ``png``."""
     driver = start()
     try:
         driver.get(page.resolve().as_uri())
+        height = driver.execute_script("return document.documentElement.scrollHeight")
+        driver.set_window_size(1280, min(int(height) + 140, 3000))
         driver.save_screenshot(str(png))
     finally:
         driver.quit()
