@@ -23,7 +23,7 @@ from rngaudit.diff import (
 from rngaudit.render import WIDTH, _event_summary, _run_line
 
 _INDENT = "  "
-_LABEL = 14
+_LABEL = 17
 
 
 def render_diff_json(diff: RunDiff) -> str:
