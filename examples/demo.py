@@ -82,6 +82,18 @@ def show_report(report_dir: Path) -> None:
         print(f"(no rngaudit.cli and no {merged.relative_to(ROOT)}: nothing to show)", flush=True)
 
 
+def write_html(report_dir: Path) -> None:
+    """The run's report as one HTML page (``rngaudit report --format html``); print its path."""
+    page = report_dir / "report.html"
+    cmd = [sys.executable, "-m", "rngaudit", "report", str(report_dir), "--format", "html"]
+    proc = subprocess.run(cmd, cwd=ROOT, timeout=60, text=True, stdout=subprocess.PIPE)
+    if proc.returncode in (0, 1) and proc.stdout:
+        page.write_text(proc.stdout, encoding="utf-8")
+        print(f"HTML report of the divergent run: {page}", flush=True)
+    else:
+        print(f"(no HTML report: rngaudit report exited {proc.returncode})", flush=True)
+
+
 def main() -> int:
     header("1/3  Unseeded ranks, stateful loader, 6 workers: prepare() must raise")
     rc_bad, out_bad = torchrun("noseed", REPORTS / "noseed")
@@ -99,6 +111,7 @@ def main() -> int:
     print(f"seed ran clean:                   {'yes' if clean else 'NO'} (expected yes)")
     ok = caught and clean
     print("demo OK" if ok else "demo FAILED: rngaudit did not behave as expected", flush=True)
+    write_html(REPORTS / "noseed")
     return 0 if ok else 1
 
 

@@ -1,4 +1,4 @@
-"""Command-line interface: ``rngaudit report`` and ``rngaudit run``."""
+"""Command-line interface: ``rngaudit report``, ``rngaudit diff`` and ``rngaudit run``."""
 
 from __future__ import annotations
 
@@ -11,18 +11,29 @@ from pathlib import Path
 
 from rngaudit import __version__
 from rngaudit.config import DEFAULT_REPORT_DIR, ENV_MODE, ENV_REPORT_DIR, ENV_TIMEOUT, MODES
+from rngaudit.diff import RunDiff, diff_dirs
 from rngaudit.errors import ConfigError, ReportError, RNGAuditError
 from rngaudit.render import render_json, render_markdown, render_summary, render_text
+from rngaudit.render_diff import render_diff_json, render_diff_markdown, render_diff_text
+from rngaudit.render_html import render_diff_html, render_html
 from rngaudit.report import AuditReport
 from rngaudit.report_files import set_aside
 from rngaudit.report_load import find_report_files, load_report_dir
 
 OK, FINDINGS, UNUSABLE = 0, 1, 2  # exit statuses
+HTML_FILE = "report.html"  # what ``rngaudit run --html`` writes into the report directory
 
 RENDERERS: dict[str, Callable[[AuditReport], str]] = {
     "text": render_text,
     "markdown": render_markdown,
     "json": render_json,
+    "html": render_html,
+}
+DIFF_RENDERERS: dict[str, Callable[[RunDiff], str]] = {
+    "text": render_diff_text,
+    "markdown": render_diff_markdown,
+    "json": render_diff_json,
+    "html": render_diff_html,
 }
 
 
@@ -64,6 +75,22 @@ def _parser() -> argparse.ArgumentParser:
     _add_fail_on(report)
     report.set_defaults(func=_report)
 
+    diff = commands.add_parser(
+        "diff",
+        help="compare two runs: where their random draws part, and why",
+        description=(
+            "Compare the reports of two runs of the same program (report directories A and "
+            "B): the settings that differ (versions, world size, seeds, loaders), then per "
+            "rank the first draw whose generator state differs or that only one run made, "
+            "and what differs after it. Exit status: 0 identical, 1 different, 2 unusable "
+            "input."
+        ),
+    )
+    diff.add_argument("dir_a", metavar="A", help="report directory of the first run")
+    diff.add_argument("dir_b", metavar="B", help="report directory of the second run")
+    diff.add_argument("--format", choices=tuple(DIFF_RENDERERS), default="text")
+    diff.set_defaults(func=_diff)
+
     run = commands.add_parser(
         "run",
         help="run a command under the audit, then summarise its report",
@@ -73,7 +100,7 @@ def _parser() -> argparse.ArgumentParser:
             "1 error findings, 2 no usable report."
         ),
         usage="%(prog)s [-h] [--mode {raise,warn,report}] [--report-dir D] [--timeout S] "
-        "[--fail-on {error,warning}] -- CMD ...",
+        "[--fail-on {error,warning}] [--html] -- CMD ...",
     )
     run.add_argument(
         "--mode", choices=MODES, default="raise", help="what the audit does on an error finding"
@@ -91,6 +118,11 @@ def _parser() -> argparse.ArgumentParser:
         help=f"seconds ranks wait for each other (sets {ENV_TIMEOUT})",
     )
     _add_fail_on(run)
+    run.add_argument(
+        "--html",
+        action="store_true",
+        help=f"also write the report as one HTML page, {HTML_FILE} in the report directory",
+    )
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD", help="the command to run")
     run.set_defaults(func=_run)
     return parser
@@ -119,6 +151,12 @@ def _report(args: argparse.Namespace) -> int:
     report = load_report_dir(_report_dir(args.dir))
     sys.stdout.write(RENDERERS[args.format](report))
     return _status(report, args.fail_on)
+
+
+def _diff(args: argparse.Namespace) -> int:
+    compared = diff_dirs(args.dir_a, args.dir_b)
+    sys.stdout.write(DIFF_RENDERERS[args.format](compared))
+    return OK if compared.identical else FINDINGS
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -169,6 +207,13 @@ def _run(args: argparse.Namespace) -> int:
         raise
     sys.stderr.write(render_summary(report))
     sys.stderr.write(f"rngaudit: full report: rngaudit report {directory}\n")
+    if args.html:
+        page = directory / HTML_FILE
+        try:
+            page.write_text(render_html(report), encoding="utf-8")
+        except OSError as exc:
+            raise ReportError(f"cannot write {page}: {exc.strerror or exc}") from None
+        sys.stderr.write(f"rngaudit: HTML report: {page}\n")
     return returncode or _status(report, args.fail_on)
 
 

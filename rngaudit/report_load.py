@@ -27,7 +27,7 @@ _RANK_FILE_REQUIRED = {
 }
 _RANK_FILE_OPTIONAL = {"verdict": str, "mode": str, "audits": list}
 _RECORD_REQUIRED = {"rank": int, "events": list}
-_RECORD_OPTIONAL = {"pid": int, "host": str, "states": dict}
+_RECORD_OPTIONAL = {"pid": int, "host": str, "states": dict, "environment": dict}
 _EVENT_OPTIONAL = {
     "seq": int,
     "audit": int,

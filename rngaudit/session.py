@@ -12,7 +12,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from rngaudit import compare, exchange, report_files
+from rngaudit import compare, environment, exchange, report_files
 from rngaudit.errors import RNGAuditWarning
 from rngaudit.findings import Finding, verdict_of
 from rngaudit.recorder import RECORDER
@@ -170,6 +170,7 @@ class Session:
         )
         acc["states"] = rec.get("states", {})
         acc["run_id"] = self.run_id
+        acc["environment"] = rec.get("environment")
 
     def report(self) -> AuditReport:
         with self._lock:
@@ -281,4 +282,5 @@ def rank_record(
         "initial_seeds": RECORDER.initial_seeds(),
         "from_start": from_start,
         "exception": exception,
+        "environment": environment.describe(),
     }
