@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import warnings
+import weakref
 from contextlib import ContextDecorator
 from types import TracebackType
 from typing import Any
@@ -113,7 +115,7 @@ class Audit(ContextDecorator):
         finally:
             exit_states = RECORDER.end()  # undoes every patch at the outermost window
             if self._monitor is not None:
-                self._monitor.uninstall()  # started iterators keep their first-batch check
+                _keep_until_started(self._monitor, built)
         record = session.rank_record(
             self._label,
             events,
@@ -159,6 +161,28 @@ def _worker_monitor(sess: session.Session, seen: list[Finding], settings: config
     monitor = WorkerMonitor(sink, settings.mode, min(settings.timeout, 30.0))
     monitor.install()
     return monitor
+
+
+def _keep_until_started(monitor: Any, built: list[Any]) -> None:
+    """Keep the worker check for the loaders with workers built in the block until each has
+    started them (accelerate's default loader starts its workers after ``prepare()``); then
+    uninstall it. Started iterators keep their first-batch check."""
+    waiting: weakref.WeakSet[Any] = weakref.WeakSet()
+    for loader in built:
+        with contextlib.suppress(Exception):
+            if int(getattr(loader, "num_workers", 0) or 0) > 0:
+                waiting.add(loader)
+    if not waiting:
+        monitor.uninstall()
+        return
+
+    def started(loader: Any) -> None:
+        waiting.discard(loader)
+        if not waiting:
+            monitor.on_start = None
+            monitor.uninstall()
+
+    monitor.on_start = started
 
 
 def act(report: AuditReport, mode: str, strict: bool = False) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -423,6 +424,7 @@ class WorkerMonitor:
         self.timeout = float(timeout)
         self._lock = threading.Lock()
         self._emitted: dict[tuple[str, str, str], Finding] = {}
+        self.on_start: Callable[[Any], None] | None = None  # called with each loader starting
 
     @property
     def installed(self) -> bool:
@@ -468,6 +470,9 @@ class WorkerMonitor:
         kwargs: dict[str, Any],
     ) -> Any:
         loader: Any = args[0] if args else kwargs.get("loader")
+        if self.on_start is not None:
+            with contextlib.suppress(Exception):  # never break the user's loader
+                self.on_start(loader)
         check = self._prepare(loader)
         if check is None:
             return wrapped(*args, **kwargs)

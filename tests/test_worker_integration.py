@@ -60,3 +60,21 @@ def test_rngaudit_env_raise_mode_stops_at_the_first_batch(tmp_path: Path) -> Non
     proc = run_python(["tests/envmode/worker_dup.py"], env=env)
     assert proc.returncode != 0
     assert "WorkerDuplicateStreamError" in proc.stderr
+
+
+def test_workers_of_a_loader_prepared_in_the_block_are_checked_after_it(report_dir: Path) -> None:
+    """accelerate's default loader starts its workers at the first batch, after the block."""
+    from accelerate import Accelerator
+    from torch.utils.data import dataloader
+
+    original = dataloader._MultiProcessingDataLoaderIter.__init__
+    loader = DataLoader(OwnedDataset("numpy"), batch_size=2, num_workers=2)
+    with rngaudit.audit(report_dir=report_dir, mode="report"):
+        prepared = Accelerator(cpu=True).prepare(loader)
+    assert dataloader._MultiProcessingDataLoaderIter.__init__ is not original  # still armed
+    assert list(prepared)
+    merged = json.loads((report_dir / "report.json").read_text())
+    dup = [f for f in merged["findings"] if f["kind"] == "worker-duplicate-stream"]
+    assert dup and dup[0]["severity"] == "error"
+    # once the block's loader has started its workers, the check is gone
+    assert dataloader._MultiProcessingDataLoaderIter.__init__ is original
