@@ -283,6 +283,53 @@ def rows_prepare(r: dict[str, Any]) -> list[Row]:
     ]
 
 
+def bench_epochs(pairs: int, tmp: Path) -> dict[str, Any]:
+    """2 ranks (torchrun, gloo), 6 epochs of an accelerate-prepared loader, RNGAUDIT=1 vs unset."""
+    env = child_env()
+    armed = child_env(RNGAUDIT="1", RNGAUDIT_REPORT_DIR=str(tmp / "epoch-report"))
+    cmd = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(benchlib.BENCH / "epoch_loop.py")]  # fmt: skip
+    off: list[dict[str, Any]] = []
+    on: list[dict[str, Any]] = []
+    benchlib.last_json(run(cmd, env)[1])  # warm-up
+    for i in range(pairs):
+        order = [(off, env), (on, armed)]
+        for sink, arm_env in order if i % 2 == 0 else reversed(order):
+            sink.append(benchlib.last_json(run(cmd, arm_env)[1]))
+    return {"off": off, "on": on}
+
+
+def rows_epochs(r: dict[str, Any]) -> list[Row]:
+    off, on = r["off"], r["on"]
+    # epochs 1..: epoch 0's first batch also closes the RNGAUDIT window (its own checkpoint)
+    first_off = [t for run_ in off for t in run_["first_batch_s"][1:]]
+    first_on = [t for run_ in on for t in run_["first_batch_s"][1:]]
+    added = median(first_on) - median(first_off)
+    rest_ratios = [
+        median(b["rest_s"]) / median(a["rest_s"]) for a, b in zip(off, on, strict=True)
+    ]
+    mid, band, ok = within_noise(rest_ratios)
+    return [
+        (
+            "Order check: first batch of epochs 1-5, 2 ranks (gloo), accelerate loader, "
+            f"RNGAUDIT=1 vs unset, x{len(off)} runs",
+            ms(median(first_off)),
+            ms(median(first_on)),
+            f"+{added * 1e3:.1f} ms per epoch per loader",
+            "one exchange (tens of ms)",
+            met(added < 0.1),
+        ),
+        (
+            f"Order check: rest of each epoch ({on[0]['steps']} steps), between checks",
+            secs(median([median(a["rest_s"]) for a in off])),
+            secs(median([median(b["rest_s"]) for b in on])),
+            f"{mid:.3f}x (noise ±{band:.3f}; runs {min(rest_ratios):.2f}-{max(rest_ratios):.2f})",
+            "1.00x (within noise)",
+            met(ok),
+        ),
+    ]
+
+
 def rows_after(r: dict[str, Any]) -> list[Row]:
     off, on = r["off"], r["on"]
     rows: list[Row] = []
@@ -483,7 +530,7 @@ def machine() -> str:
 
 # --------------------------------------------------------------------------- main
 
-SECTIONS = ("startup", "draws", "prepare", "after", "compare", "exchange", "report")
+SECTIONS = ("startup", "draws", "prepare", "after", "epochs", "compare", "exchange", "report")
 
 
 def main() -> int:
@@ -515,6 +562,7 @@ def main() -> int:
             rows_prepare,
         ),
         "after": (lambda: bench_after_window(3 if q else 6, tmp), rows_after),
+        "epochs": (lambda: bench_epochs(2 if q else 4, tmp), rows_epochs),
         "compare": (
             lambda: run_json(
                 "bench_compare.py",
