@@ -32,6 +32,7 @@ MUST_RAISE = {  # scenario -> first corrupted epoch
     "shuffled_list_accelerate": 0,
     "set_epoch_differs": 1,
     "mid_training_rank0_eval": 1,
+    "resume_from_stale_checkpoint": 1,
 }
 MUST_STAY_CLEAN = [
     "ds_shared_seed_per_rank_global",

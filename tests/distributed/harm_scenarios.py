@@ -264,6 +264,45 @@ def mid_training_rank0_eval(ctx: Ctx) -> Plan:
     return Plan(ctx.audited(lambda: acc.prepare(loader)), epochs=2, after_epoch=evaluate)
 
 
+def resume_from_stale_checkpoint(ctx: Ctx) -> Plan:
+    """A crash after epoch 0; every rank resumes a fresh loader from its own checkpoint, but
+    rank 1's checkpoint is one epoch stale (Megatron-LM#6858 shape)."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    seed_all(0)
+    checkpoints: dict[str, Any] = {}
+
+    def build() -> tuple[Any, Any]:
+        def body() -> tuple[Any, Any]:
+            sampler = DistributedSampler(Items(N), shuffle=True, seed=11)
+            return StatefulDataLoader(Items(N), batch_size=2, sampler=sampler), sampler
+
+        result: tuple[Any, Any] = ctx.audited(body)
+        return result
+
+    loader, sampler = build()
+    holder = {"loader": loader, "sampler": sampler}
+
+    class Resuming:
+        def __iter__(self) -> Iterator[Any]:
+            return iter(holder["loader"])
+
+    def before(epoch: int) -> None:
+        if epoch == 1:  # the resume: new objects, state from the checkpoint
+            holder["loader"], holder["sampler"] = build()
+            holder["loader"].load_state_dict(checkpoints["loader"])
+            stale = ctx.rank == 1
+            holder["sampler"].set_epoch(checkpoints["epoch"] - (1 if stale else 0))
+        else:
+            holder["sampler"].set_epoch(epoch)
+
+    def after(epoch: int) -> None:
+        checkpoints["loader"] = holder["loader"].state_dict()
+        checkpoints["epoch"] = epoch + 1
+
+    return Plan(Resuming(), epochs=2, before_epoch=before, after_epoch=after)
+
+
 def eval_all_ranks(ctx: Ctx) -> Plan:
     acc = ctx.accelerator(stateful=False)
     seed_all(42)
@@ -292,6 +331,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("set_epoch_differs", set_epoch_differs, True),
         Scenario("set_epoch_correct", set_epoch_correct, True),
         Scenario("mid_training_rank0_eval", mid_training_rank0_eval, True),
+        Scenario("resume_from_stale_checkpoint", resume_from_stale_checkpoint, True),
         Scenario("eval_all_ranks", eval_all_ranks, True),
     ]
 }
