@@ -12,7 +12,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from rngaudit import compare, environment, exchange, report_files
+from rngaudit import compare, environment, exchange, report_files, run_kind
 from rngaudit.errors import RNGAuditWarning
 from rngaudit.findings import Finding, verdict_of
 from rngaudit.recorder import RECORDER
@@ -283,4 +283,5 @@ def rank_record(
         "from_start": from_start,
         "exception": exception,
         "environment": environment.describe(),
+        "framework": run_kind.detect(),  # compare's advice fits the run (rank 0's wins)
     }

@@ -1,0 +1,52 @@
+"""One audit window opened and closed from a framework's callback hooks."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from rngaudit.audit import Audit
+
+
+class CallbackWindow:
+    """Opens :func:`rngaudit.audit` at one hook and closes it at a later one, once per run.
+
+    Closing raises (mode ``raise``) on every rank from the closing hook, as the with-block
+    does; a window still open when the framework reports an exception is closed quietly.
+    """
+
+    def __init__(
+        self,
+        mode: str = "raise",
+        report_dir: str | os.PathLike[str] | None = None,
+        timeout: float | None = None,
+        strict: bool = False,
+    ) -> None:
+        self._args: dict[str, Any] = {
+            "mode": mode,
+            "report_dir": report_dir,
+            "timeout": timeout,
+            "strict": strict,
+        }
+        Audit(**self._args)  # bad arguments fail here, when the callback is built
+        self.audit: Audit | None = None
+        self.done = False
+
+    @property
+    def report(self) -> Any:
+        """The :class:`~rngaudit.report.AuditReport` once the window closed, else None."""
+        return self.audit.report if self.audit is not None else None
+
+    def open(self) -> None:
+        if self.audit is None and not self.done:
+            self.audit = Audit(**self._args)
+            self.audit.__enter__()
+
+    def close(self, exc: BaseException | None = None) -> None:
+        if self.audit is None or self.done:
+            return
+        self.done = True
+        if exc is None:
+            self.audit.__exit__(None, None, None)
+        else:
+            self.audit.__exit__(type(exc), exc, exc.__traceback__)
