@@ -21,9 +21,6 @@ pytest.importorskip("transformers")
 pytest.importorskip("datasets")
 pytestmark = pytest.mark.timeout(300)
 
-NEEDS_SHARDED_CHECK = pytest.mark.xfail(
-    reason="needs sharded-order check from main", strict=False
-)
 ACCELERATE = str(Path(sys.executable).parent / "accelerate")
 TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 
@@ -160,7 +157,6 @@ def test_lightning_rank_seed_truth_is_corrupted(lightning_rank_seed: Run) -> Non
     assert total == 32 and distinct < 32 and duplicates > 0
 
 
-@NEEDS_SHARDED_CHECK
 def test_lightning_rank_seed_with_validation_loader_is_an_error(lightning_rank_seed: Run) -> None:
     assert errors(lightning_rank_seed)
 
@@ -201,6 +197,5 @@ def test_hf_trainer_per_rank_seed_truth_is_corrupted(hf_corrupted: Run) -> None:
     assert total == 32 and distinct < 32 and duplicates > 0
 
 
-@NEEDS_SHARDED_CHECK
 def test_hf_trainer_per_rank_seed_is_an_error(hf_corrupted: Run) -> None:
     assert errors(hf_corrupted)
