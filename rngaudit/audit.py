@@ -97,6 +97,9 @@ class Audit(ContextDecorator):
         epoch_check.GUARD.enter(self._watch)
         self._worker_findings: list[Finding] = []
         self._monitor = _worker_monitor(self._session, self._worker_findings, self.settings)
+        self._started: weakref.WeakSet[Any] = weakref.WeakSet()  # started workers in the block
+        if self._monitor is not None:
+            self._monitor.on_start = self._started.add
         return self
 
     def __exit__(
@@ -115,7 +118,7 @@ class Audit(ContextDecorator):
         finally:
             exit_states = RECORDER.end()  # undoes every patch at the outermost window
             if self._monitor is not None:
-                _keep_until_started(self._monitor, built)
+                _keep_until_started(self._monitor, built, self._started)
         record = session.rank_record(
             self._label,
             events,
@@ -163,26 +166,26 @@ def _worker_monitor(sess: session.Session, seen: list[Finding], settings: config
     return monitor
 
 
-def _keep_until_started(monitor: Any, built: list[Any]) -> None:
+def _keep_until_started(monitor: Any, built: list[Any], already: weakref.WeakSet[Any]) -> None:
     """Keep the worker check for the loaders with workers built in the block until each has
     started them (accelerate's default loader starts its workers after ``prepare()``); then
     uninstall it. Started iterators keep their first-batch check."""
     waiting: weakref.WeakSet[Any] = weakref.WeakSet()
-    for loader in built:
-        with contextlib.suppress(Exception):
-            if int(getattr(loader, "num_workers", 0) or 0) > 0:
-                waiting.add(loader)
-    if not waiting:
-        monitor.uninstall()
-        return
 
-    def started(loader: Any) -> None:
-        waiting.discard(loader)
+    def done(loader: Any = None) -> None:
+        if loader is not None:
+            waiting.discard(loader)
         if not waiting:
             monitor.on_start = None
             monitor.uninstall()
 
-    monitor.on_start = started
+    for loader in built:
+        with contextlib.suppress(Exception):
+            if int(getattr(loader, "num_workers", 0) or 0) > 0 and loader not in already:
+                waiting.add(loader)
+                weakref.finalize(loader, done)  # a loader dropped unstarted: stop waiting
+    monitor.on_start = done
+    done()
 
 
 def act(report: AuditReport, mode: str, strict: bool = False) -> None:

@@ -137,10 +137,10 @@ def walk(frame: FrameType | None, max_depth: int = 80) -> Stack:
         if kind == RNGAUDIT:
             frame = frame.f_back
             continue
-        if first_outside:
+        if first_outside and not code.co_filename.endswith(_RANDOM_PY):
+            # the first caller outside rngaudit and random.py itself (Random.__init__ seeds)
             first_outside = False
-            if kind == STDLIB and not code.co_filename.endswith(_RANDOM_PY):
-                stdlib_caller = True
+            stdlib_caller = kind == STDLIB
         if kind in (LIBRARY, USER):
             site = CallSite(code.co_filename, frame.f_lineno, code.co_name)
             if call_site is None:

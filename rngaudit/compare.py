@@ -8,6 +8,7 @@ from collections import Counter
 from typing import Any
 
 from rngaudit import findings as fk
+from rngaudit import run_kind
 from rngaudit.callsite import format_site
 from rngaudit.findings import Finding, format_ranks
 
@@ -22,12 +23,26 @@ SAMPLER_REMEDY = (
     "(num_workers=0 or use_stateful_dataloader=False) until accelerate defers the "
     "state_dict() prefetch in prepare()."
 )
-OWN_SAMPLER_REMEDY = (
-    "Give your sampler a `generator` attribute seeded identically on every rank "
-    "(self.generator = torch.Generator().manual_seed(SEED), and draw with generator="
-    "self.generator; for numpy, np.random.default_rng(SEED)), or seed every rank identically "
-    "before prepare(): accelerate.utils.set_seed(SEED) without device_specific=True."
-)
+
+
+def _sampler_remedy(kind: str, own: bool) -> str:
+    """The fix for a sampler that drew from unequal state, in the words of the run's framework."""
+    seed = run_kind.seed_advice(kind)
+    if own:
+        return (
+            "Give your sampler a `generator` attribute seeded identically on every rank "
+            "(self.generator = torch.Generator().manual_seed(SEED), and draw with generator="
+            "self.generator; for numpy, np.random.default_rng(SEED)), or seed every rank "
+            f"identically before the loader draws: {seed}."
+        )
+    if kind == run_kind.ACCELERATE:
+        return SAMPLER_REMEDY
+    return (
+        f"Seed every rank identically before the loader draws: {seed}; or give the DataLoader "
+        "its own seeded generator: DataLoader(..., generator=torch.Generator().manual_seed(SEED))."
+    )
+
+
 KNOWN_SAMPLERS = (
     "RandomSampler", "SequentialSampler", "SubsetRandomSampler", "WeightedRandomSampler",
     "BatchSampler", "DistributedSampler", "SeedableRandomSampler", "BatchSamplerShard",
@@ -50,6 +65,25 @@ STATE_REMEDY = (
     "seed them identically with accelerate.utils.set_seed(SEED); if per-rank randomness is "
     "intended (set_seed(..., device_specific=True)), this is expected."
 )
+
+
+def _state_remedy(kind: str) -> str:
+    if kind == run_kind.ACCELERATE:
+        return STATE_REMEDY
+    return (
+        "If ranks should draw the same values (dropout masks, augmentations shared across "
+        f"ranks), seed them identically: {run_kind.seed_advice(kind)}; if per-rank randomness "
+        "is intended, this is expected."
+    )
+
+
+def _framework(records: list[dict[str, Any]]) -> str:
+    """The run's framework as the lowest rank recorded it (every rank picks the same)."""
+    for record in sorted(records, key=lambda r: int(r["rank"])):
+        kind = record.get("framework")
+        if isinstance(kind, str):
+            return kind
+    return run_kind.ACCELERATE  # records written before the field existed
 
 
 def _site(cs: dict[str, Any] | None) -> str:
@@ -259,10 +293,19 @@ def _sampler_finding(
         f"began, from {generator}, whose state differs across ranks "
         f"(state fingerprints {_groups(fps)}).",
         f"The draw ({event['op']}) ran at {_site(event.get('call_site'))}{via}.",
-        "Accelerate synchronizes RNG only when iteration starts, so these indices are used "
-        "unsynchronized: the ranks shard different permutations, and epoch 0 duplicates some "
-        "samples and drops others. Nothing else will report this.",
     ]
+    kind = _framework(records)
+    if kind == run_kind.ACCELERATE:
+        lines.append(
+            "Accelerate synchronizes RNG only when iteration starts, so these indices are used "
+            "unsynchronized: the ranks shard different permutations, and epoch 0 duplicates "
+            "some samples and drops others. Nothing else will report this."
+        )
+    else:
+        lines.append(
+            "These indices are used as drawn: the ranks shard different permutations, and "
+            "epoch 0 duplicates some samples and drops others. Nothing else will report this."
+        )
     lines.extend(_origin(records, groups))
     if mismatch is not None:
         lines.append(f"First unequal draw before it: {mismatch.details.get('first', '')}.")
@@ -274,7 +317,7 @@ def _sampler_finding(
         generator=generator,
         call_site=event.get("call_site"),
         user_call_site=user,
-        remedy=SAMPLER_REMEDY if _known_sampler(sampler["chain"]) else OWN_SAMPLER_REMEDY,
+        remedy=_sampler_remedy(kind, own=not _known_sampler(sampler["chain"])),
         audit=audit,
         details={
             "sampler": sampler["chain"],
@@ -349,6 +392,7 @@ def _state_divergence(
     exits = [r.get("states", {}).get("exit", {}) for r in records]
     names = sorted(set.intersection(*(set(s) for s in exits))) if exits else []
     out = []
+    kind = _framework(records)
     for name in names:
         if "#" in name:
             continue  # explicit generators: numbering is per rank; compared via samplers
@@ -371,15 +415,23 @@ def _state_divergence(
                 severity=severity,
                 message=(
                     f"{name} differs across ranks at the end of the audit ({_groups(values)}). "
-                    f"{origin} Nothing configured synchronizes it (accelerate synchronizes only "
-                    "the sampler's generator by default, rng_types=['generator']): dropout "
-                    "masks and augmentations drawn from it will differ per rank."
+                    f"{origin} {_unsynchronized(kind)}: dropout masks and augmentations drawn "
+                    "from it will differ per rank."
                 ),
                 ranks=sorted(values),
                 generator=name,
-                remedy=STATE_REMEDY,
+                remedy=_state_remedy(kind),
                 audit=audit,
                 details={"fingerprints": {str(r): v for r, v in sorted(values.items())}},
             )
         )
     return out
+
+
+def _unsynchronized(kind: str) -> str:
+    if kind == run_kind.ACCELERATE:
+        return (
+            "Nothing configured synchronizes it (accelerate synchronizes only the sampler's "
+            "generator by default, rng_types=['generator'])"
+        )
+    return "Nothing synchronizes it across ranks"

@@ -116,6 +116,11 @@ class EpochGuard:
                 shard = _shard_of_loader(loader)
                 if shard is not None:
                     self.pending[shard] = watch
+                    weakref.finalize(shard, self._dropped)  # never iterated: stop waiting
+            self._maybe_uninstall()
+
+    def _dropped(self) -> None:
+        with self._lock:
             self._maybe_uninstall()
 
     def _watch_for(self, shard: Any) -> Watch | None:
@@ -162,10 +167,6 @@ class EpochGuard:
         with self._lock:
             self.installed = False
             self.patches.undo()
-
-    def originals(self) -> list[tuple[Any, str]]:
-        """(owner, name) of what is wrapped now (for tests)."""
-        return [(owner, name) for owner, name, _ in self.patches._applied]
 
     def _state(self, shard: Any) -> _LoaderState:
         state = self.loaders.get(shard)

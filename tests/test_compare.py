@@ -214,3 +214,32 @@ def test_ranks_with_equal_records_are_compared_once_and_all_named() -> None:
 def test_all_ranks_equal_is_clean_whatever_the_world_size() -> None:
     evs = [event(1, "torch.Generator#1", "aten.randperm", SAMPLER_SITE, "bb", sampler=True)]
     assert compare([record(r, evs) for r in range(64)], 64, []) == []
+
+
+def test_advice_fits_the_framework_of_the_run() -> None:
+    """No accelerate advice in a plain torch or Lightning run; accelerate's when it drives."""
+
+    def records(framework: str | None) -> list[dict[str, Any]]:
+        out = []
+        for rank in (0, 1):
+            evs = [event(1, "torch.default_generator", "aten.randperm", SAMPLER_SITE, f"b{rank}",
+                         sampler=True)]  # fmt: skip
+            rec = record(rank, evs, f"e{rank}", f"x{rank}", rank)
+            if framework is not None:
+                rec["framework"] = framework
+            out.append(rec)
+        return out
+
+    for framework, words in (
+        ("torch", "torch.manual_seed(SEED)"),
+        ("lightning", "seed_everything(SEED)"),
+        ("hf-trainer", "TrainingArguments(seed=SEED"),
+    ):
+        found = compare(records(framework), 2, [])
+        text = " ".join(f"{f.message} {f.remedy}" for f in found)
+        assert words in text, framework
+        assert "accelerate" not in text.lower() and "prepare()" not in text, framework
+    accel = " ".join(f"{f.message} {f.remedy}" for f in compare(records("accelerate"), 2, []))
+    assert "Accelerate synchronizes RNG" in accel and "set_seed" in accel
+    legacy = compare(records(None), 2, [])  # older records: accelerate's wording, as before
+    assert any("Accelerate synchronizes RNG" in f.message for f in legacy)
