@@ -38,7 +38,9 @@ def audit(
     :class:`RNGAuditWarning`) or ``"report"`` (only write the report). ``strict`` also
     treats warning findings as errors. ``report_dir`` defaults to ``$RNGAUDIT_REPORT_DIR``
     or ``./rngaudit-report``; ``timeout`` (seconds a rank waits for the others) to
-    ``$RNGAUDIT_TIMEOUT`` or 120.
+    ``$RNGAUDIT_TIMEOUT`` or 120 (above 0, at most 86400). An unusable argument raises
+    :class:`~rngaudit.errors.ConfigError`; an unusable environment value gives one
+    :class:`RNGAuditWarning` and its default.
     """
     return Audit(mode=mode, report_dir=report_dir, timeout=timeout, strict=strict)
 

@@ -55,9 +55,9 @@ def process_startup(environ: dict[str, str] | None = None) -> Any:
         mode = config.env_mode(env.get(config.ENV_MODE))
         if mode is None or _is_launcher() or _is_child():
             return None
-        settings = config.resolve(mode=mode, environ=env)
+        settings = config.resolve(mode=mode, environ=env, warn=_say)
     except Exception as exc:  # a typo must never stop Python from starting
-        sys.stderr.write(f"rngaudit: {exc}; running unaudited\n")
+        _say(f"{_one_line(exc)}; running unaudited")
         return None
     try:
         from rngaudit.run_audit import RunAudit
@@ -67,9 +67,19 @@ def process_startup(environ: dict[str, str] | None = None) -> Any:
         CONTROLLER.arm()
         atexit.register(CONTROLLER.at_exit)
     except Exception as exc:
-        sys.stderr.write(f"rngaudit: could not start ({exc!r}); running unaudited\n")
+        _say(f"could not start ({_one_line(exc, repr)}); running unaudited")
         return None
     return CONTROLLER
+
+
+def _say(message: str) -> None:
+    """One line on stderr: at start-up a warning filter may not be set up yet."""
+    sys.stderr.write(f"rngaudit: {message}\n")
+
+
+def _one_line(exc: BaseException, form: Callable[[object], str] = str) -> str:
+    """An exception as one line of at most 200 characters."""
+    return " ".join(form(exc).split())[:200]
 
 
 Callback = Callable[[], None]

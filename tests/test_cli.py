@@ -367,11 +367,25 @@ def test_run_unusable_command_exits_2_with_one_line(
     assert expected in result.stderr
 
 
-def test_run_rejects_bad_timeout() -> None:
-    result = cli("run", "--timeout", "-1", "--", sys.executable, "-c", "pass")
+@pytest.mark.parametrize("value", ["-1", "0", "nan", "inf", "1e309", "1e15", "86401", "soon"])
+def test_run_rejects_bad_timeout_in_one_line(tmp_path: Path, value: str) -> None:
+    ran = tmp_path / "ran"
+    code = f"open({str(ran)!r}, 'w')"
+    result = cli("run", f"--timeout={value}", "--", sys.executable, "-c", code)
     assert result.returncode == 2
-    assert "expected a positive number of seconds" in result.stderr
-    assert "Traceback" not in result.stderr
+    assert_one_error_line(result.stderr)
+    assert f"--timeout={value!r}" in result.stderr
+    assert not ran.exists()  # rejected before the command ran
+
+
+def test_run_accepts_the_maximum_timeout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env_out = tmp_path / "env.json"
+    args = ["--timeout", "86400", "--report-dir", str(tmp_path / "r")]
+    assert run_main(*args, "--", *child("clean", 0, env_out)) == 0
+    assert json.loads(env_out.read_text())["RNGAUDIT_TIMEOUT"] == "86400"
+    capsys.readouterr()
 
 
 # Entry points and start-up cost ------------------------------------------------------------
