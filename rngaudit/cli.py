@@ -20,7 +20,13 @@ from rngaudit.config import (
     parse_timeout,
 )
 from rngaudit.errors import ConfigError, ReportError, RNGAuditError
-from rngaudit.render import render_json, render_markdown, render_summary, render_text
+from rngaudit.render import (
+    render_json,
+    render_markdown,
+    render_summary,
+    render_text,
+    write_json,
+)
 from rngaudit.report import AuditReport
 from rngaudit.report_load import find_report_files, load_report_dir
 
@@ -114,7 +120,10 @@ def _add_fail_on(parser: argparse.ArgumentParser) -> None:
 
 def _report(args: argparse.Namespace) -> int:
     report = load_report_dir(_report_dir(args.dir))
-    sys.stdout.write(RENDERERS[args.format](report))
+    if args.format == "json":
+        write_json(report, sys.stdout)  # a large report is not held twice
+    else:
+        sys.stdout.write(RENDERERS[args.format](report))
     return _status(report, args.fail_on)
 
 

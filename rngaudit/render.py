@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import textwrap
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TextIO
 
 from rngaudit.callsite import format_site
 from rngaudit.findings import Finding, format_ranks
@@ -26,6 +26,19 @@ Event = dict[str, Any]
 def render_json(report: AuditReport) -> str:
     """The report as ``report.json`` holds it (``AuditReport.to_dict()``), indented."""
     return json.dumps(report.to_dict(), indent=2) + "\n"
+
+
+def write_json(report: AuditReport, out: TextIO, chunk: int = 1 << 16) -> None:
+    """:func:`render_json` written to ``out`` in pieces: no copy of the whole text in memory."""
+    pieces: list[str] = []
+    size = 0
+    for piece in json.JSONEncoder(indent=2).iterencode(report.to_dict()):
+        pieces.append(piece)
+        size += len(piece)
+        if size >= chunk:
+            out.write("".join(pieces))
+            pieces, size = [], 0
+    out.write("".join(pieces) + "\n")
 
 
 def render_text(report: AuditReport, *, width: int = WIDTH) -> str:
