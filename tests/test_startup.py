@@ -192,3 +192,15 @@ def test_a_huge_rngaudit_value_is_cut(tmp_path: Path) -> None:
     assert proc.returncode == 0 and proc.stdout == "done\n"
     assert proc.stderr.count("\n") == 1 and len(proc.stderr) < 300, proc.stderr[:300]
     assert "100000 characters" in proc.stderr
+
+
+def test_first_iteration_on_another_thread_leaves_no_mode_on_any_thread(tmp_path: Path) -> None:
+    script = "tests/envmode/thread_iteration.py"
+    plain = run_python([script])
+    audited = run_python([script], env=env("1", tmp_path))
+    assert audited.returncode == 0, audited.stderr[-2000:]
+    assert audited.stdout.splitlines()[1] == "thread stack 0 main stack 0"
+    assert audited.stdout == plain.stdout  # same batches
+    assert "rngaudit" not in audited.stderr
+    merged = load(tmp_path / "report.json")
+    assert merged["audits"][-1]["label"] == "first DataLoader iteration"  # type: ignore[index]
