@@ -134,6 +134,13 @@ class TorchInstrumentation:
             def _should_skip_dynamo(cls) -> bool:
                 return False  # no dynamo wrapper: no 2 s import, no extra frames
 
+            @classmethod
+            def ignore_compile_internals(cls) -> bool:
+                # torch.compile traces and compiles as if no mode were pushed (otherwise dynamo
+                # skips the frame for good and the model runs eager, drawing other values);
+                # the compiled code's own runtime ops are still seen.
+                return True
+
             def __torch_dispatch__(
                 self,
                 func: Any,
