@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -204,3 +205,18 @@ def test_first_iteration_on_another_thread_leaves_no_mode_on_any_thread(tmp_path
     assert "rngaudit" not in audited.stderr
     merged = load(tmp_path / "report.json")
     assert merged["audits"][-1]["label"] == "first DataLoader iteration"  # type: ignore[index]
+
+
+def test_the_pth_line_arms_a_healthy_install(tmp_path: Path) -> None:
+    site_dir = tmp_path / "site"
+    site_dir.mkdir()
+    (site_dir / PTH.name).write_text(PTH.read_text())
+    venv_site = next(p for p in sys.path if p.endswith("site-packages"))
+    code = (
+        f"import site; site.addsitedir({str(site_dir)!r}); "
+        "import rngaudit.startup as s; print(s.CONTROLLER is not None)"
+    )
+    path = os.pathsep.join([str(ROOT), venv_site])  # on the path, its own .pth files unread
+    proc = run_python(["-S", "-c", code], env={**env("1", tmp_path), "PYTHONPATH": path})
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "True\n", "")
+    assert (tmp_path / "report.json").is_file()  # the process-exit audit wrote its report
