@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import os
 import sys
 import warnings
 import weakref
+from collections.abc import Callable
 from contextlib import ContextDecorator
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from rngaudit import config, epoch_check, instrument_loaders, session
 from rngaudit.callsite import here
@@ -25,6 +27,7 @@ from rngaudit.recorder import RECORDER
 from rngaudit.report import AuditReport
 
 log = logging.getLogger("rngaudit")
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def audit(
@@ -41,7 +44,9 @@ def audit(
     :class:`RNGAuditWarning`) or ``"report"`` (only write the report). ``strict`` also
     treats warning findings as errors. ``report_dir`` defaults to ``$RNGAUDIT_REPORT_DIR``
     or ``./rngaudit-report``; ``timeout`` (seconds a rank waits for the others) to
-    ``$RNGAUDIT_TIMEOUT`` or 120.
+    ``$RNGAUDIT_TIMEOUT`` or 120 (above 0, at most 86400). An unusable argument raises
+    :class:`~rngaudit.errors.ConfigError`; an unusable environment value gives one
+    :class:`RNGAuditWarning` and its default.
 
     Sharded loaders (prepared by accelerate, or with a ``DistributedSampler``) built or iterated
     inside the block are checked at their first batch: every rank must be about to shard the
@@ -82,6 +87,19 @@ class Audit(ContextDecorator):
 
     def _recreate_cm(self) -> Audit:
         return Audit(**self._args)  # each decorated call gets its own window
+
+    def __call__(self, func: _F) -> _F:
+        """Decorate a plain function; a generator or coroutine function is refused."""
+        kind = _deferred_kind(func)
+        if kind:
+            name = getattr(func, "__qualname__", repr(func))
+            raise TypeError(
+                f"rngaudit.audit() cannot decorate {kind} {name}: calling it only creates "
+                "the generator or coroutine, its body runs later (between next() calls or "
+                "awaits, interleaved with other code), so the window would audit nothing. "
+                "Put `with rngaudit.audit():` inside it, around the set-up to check."
+            )
+        return super().__call__(func)
 
     def __enter__(self) -> Audit:
         if self._start is not None:
@@ -149,6 +167,17 @@ class Audit(ContextDecorator):
             # (a confirmed duplicate stream raises from the loader's first batch instead).
             self.report.findings.extend(self._worker_findings)
         return None
+
+
+def _deferred_kind(func: Callable[..., Any]) -> str:
+    """What kind of function runs its body after the call returns, or ``""``."""
+    if inspect.isasyncgenfunction(func):
+        return "the async generator function"
+    if inspect.iscoroutinefunction(func):
+        return "the coroutine function (async def)"
+    if inspect.isgeneratorfunction(func):
+        return "the generator function"
+    return ""
 
 
 def _worker_monitor(sess: session.Session, seen: list[Finding], settings: config.Settings) -> Any:

@@ -10,10 +10,24 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rngaudit import __version__
-from rngaudit.config import DEFAULT_REPORT_DIR, ENV_MODE, ENV_REPORT_DIR, ENV_TIMEOUT, MODES
+from rngaudit.config import (
+    DEFAULT_REPORT_DIR,
+    ENV_MODE,
+    ENV_REPORT_DIR,
+    ENV_TIMEOUT,
+    MAX_TIMEOUT,
+    MODES,
+    parse_timeout,
+)
 from rngaudit.diff import RunDiff, diff_dirs
 from rngaudit.errors import ConfigError, ReportError, RNGAuditError
-from rngaudit.render import render_json, render_markdown, render_summary, render_text
+from rngaudit.render import (
+    render_json,
+    render_markdown,
+    render_summary,
+    render_text,
+    write_json,
+)
 from rngaudit.render_diff import render_diff_json, render_diff_markdown, render_diff_text
 from rngaudit.render_html import render_diff_html, render_html
 from rngaudit.report import AuditReport
@@ -114,8 +128,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--timeout",
         metavar="S",
-        type=_positive_seconds,
-        help=f"seconds ranks wait for each other (sets {ENV_TIMEOUT})",
+        help=f"seconds ranks wait for each other, above 0 and at most {MAX_TIMEOUT:g} "
+        f"(sets {ENV_TIMEOUT})",
     )
     _add_fail_on(run)
     run.add_argument(
@@ -137,19 +151,12 @@ def _add_fail_on(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _positive_seconds(text: str) -> str:
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = -1.0
-    if not seconds > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, not {text!r}")
-    return text
-
-
 def _report(args: argparse.Namespace) -> int:
     report = load_report_dir(_report_dir(args.dir))
-    sys.stdout.write(RENDERERS[args.format](report))
+    if args.format == "json":
+        write_json(report, sys.stdout)  # a large report is not held twice
+    else:
+        sys.stdout.write(RENDERERS[args.format](report))
     return _status(report, args.fail_on)
 
 
@@ -160,6 +167,8 @@ def _diff(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.timeout is not None:
+        parse_timeout(args.timeout, "--timeout")  # the ranks read it with the same rules
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         raise ConfigError("run needs a command after '--', e.g. rngaudit run -- python train.py")

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from rngaudit.errors import ConfigError
+from rngaudit.errors import ConfigError, RNGAuditWarning
 
 # Every environment variable rngaudit reads.
 ENV_MODE = "RNGAUDIT"  # 1|raise|warn|report switch the whole run on; unset or 0: off
@@ -18,6 +19,8 @@ ENV_EPOCHS = "RNGAUDIT_EPOCHS"  # all (default): order check at every epoch; fir
 MODES = ("raise", "warn", "report")
 DEFAULT_REPORT_DIR = "rngaudit-report"
 DEFAULT_TIMEOUT = 120.0
+MAX_TIMEOUT = 86400.0  # one day; more is a typo (and 1e15 overflows the store's deadline)
+SHOWN_CHARS = 60  # a value quoted in a message is cut to this many characters
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,15 @@ class Settings:
     report_dir: Path
     timeout: float
     strict: bool
+
+
+def shown(value: object) -> str:
+    """``repr(value)``, cut to :data:`SHOWN_CHARS` characters for a one-line message."""
+    text = repr(value)
+    if len(text) <= SHOWN_CHARS:
+        return text
+    size = len(value) if isinstance(value, str) else len(text)
+    return f"{text[:SHOWN_CHARS]}... ({size} characters)"
 
 
 def env_mode(value: str | None) -> str | None:
@@ -40,18 +52,42 @@ def env_mode(value: str | None) -> str | None:
     if value in MODES:
         return value
     raise ConfigError(
-        f"{ENV_MODE}={value!r} is not one of 1, raise, warn, report (or 0 to switch off)"
+        f"{ENV_MODE}={shown(value)} is not one of 1, raise, warn, report (or 0 to switch off)"
     )
 
 
-def _timeout(value: object, source: str) -> float:
+def parse_timeout(value: object, source: str) -> float:
+    """Seconds to wait: a finite number above 0 and at most :data:`MAX_TIMEOUT`."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{source}={shown(value)} is not a number of seconds")
     try:
         seconds = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise ConfigError(f"{source}={value!r} is not a number of seconds") from None
-    if not seconds > 0:
-        raise ConfigError(f"{source}={value!r} must be a positive number of seconds")
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(f"{source}={shown(value)} is not a number of seconds") from None
+    if not 0 < seconds <= MAX_TIMEOUT:  # also nan and inf
+        raise ConfigError(
+            f"{source}={shown(value)} must be a number of seconds above 0 and at most "
+            f"{MAX_TIMEOUT:g}"
+        )
     return seconds
+
+
+def parse_report_dir(value: str | os.PathLike[str], source: str) -> Path:
+    """A report directory: a path that resolves and is not an existing non-directory."""
+    path = Path(value)
+    try:
+        resolved = path.resolve()
+        if resolved.exists() and not resolved.is_dir():
+            raise ConfigError(f"{source}={shown(str(value))} is not a directory")
+    except (OSError, RuntimeError, ValueError) as exc:  # symlink loop, name too long
+        reason = " ".join(str(exc).split())[:SHOWN_CHARS]
+        raise ConfigError(f"{source}={shown(str(value))} is not a usable path ({reason})") from None
+    return path
+
+
+def warn_setting(message: str) -> None:
+    """How an unusable environment value is reported by default: one RNGAuditWarning."""
+    warnings.warn(f"rngaudit: {message}", RNGAuditWarning, stacklevel=2)
 
 
 def resolve(
@@ -60,28 +96,39 @@ def resolve(
     timeout: float | None = None,
     strict: bool = False,
     environ: Mapping[str, str] | None = None,
+    warn: Callable[[str], None] = warn_setting,
 ) -> Settings:
-    """Layer 1 defaults, layer 2 environment, layer 3 arguments."""
+    """Layer 1 defaults, layer 2 environment, layer 3 arguments.
+
+    An unusable environment value is passed to ``warn`` and its default kept (an environment
+    problem never stops the program); an unusable argument raises :class:`ConfigError`.
+    """
     env = os.environ if environ is None else environ
     # 1. defaults
     chosen_mode = "raise"
-    chosen_dir: str | os.PathLike[str] = DEFAULT_REPORT_DIR
+    chosen_dir = Path(DEFAULT_REPORT_DIR)
     chosen_timeout = DEFAULT_TIMEOUT
     # 2. environment
-    if env.get(ENV_REPORT_DIR):
-        chosen_dir = env[ENV_REPORT_DIR]
-    if env.get(ENV_TIMEOUT):
-        chosen_timeout = _timeout(env[ENV_TIMEOUT], ENV_TIMEOUT)
+    try:
+        if env.get(ENV_REPORT_DIR):
+            chosen_dir = parse_report_dir(env[ENV_REPORT_DIR], ENV_REPORT_DIR)
+    except ConfigError as exc:
+        warn(f"{exc}; using {DEFAULT_REPORT_DIR}")
+    try:
+        if env.get(ENV_TIMEOUT):
+            chosen_timeout = parse_timeout(env[ENV_TIMEOUT], ENV_TIMEOUT)
+    except ConfigError as exc:
+        warn(f"{exc}; using {DEFAULT_TIMEOUT:g}")
     # 3. arguments
     if mode is not None:
         if mode not in MODES:
-            raise ConfigError(f"mode={mode!r} is not one of {', '.join(MODES)}")
+            raise ConfigError(f"mode={shown(mode)} is not one of {', '.join(MODES)}")
         chosen_mode = mode
     if report_dir is not None:
-        chosen_dir = report_dir
+        chosen_dir = parse_report_dir(report_dir, "report_dir")
     if timeout is not None:
-        chosen_timeout = _timeout(timeout, "timeout")
-    return Settings(chosen_mode, Path(chosen_dir), chosen_timeout, bool(strict))
+        chosen_timeout = parse_timeout(timeout, "timeout")
+    return Settings(chosen_mode, chosen_dir, chosen_timeout, bool(strict))
 
 
 def env_epochs(environ: Mapping[str, str] | None = None) -> str:
@@ -94,4 +141,4 @@ def env_epochs(environ: Mapping[str, str] | None = None) -> str:
         return "off"
     if value == "first":
         return "first"
-    raise ConfigError(f"{ENV_EPOCHS}={value[:40]!r} is not one of all, first, off")
+    raise ConfigError(f"{ENV_EPOCHS}={shown(value)} is not one of all, first, off")

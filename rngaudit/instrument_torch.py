@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import logging
+import threading
 from collections.abc import Callable
 from sys import _getframe
 from typing import Any
@@ -10,6 +13,9 @@ from rngaudit import fingerprint, naming
 from rngaudit.callsite import Stack
 from rngaudit.events import DRAW, SEED, STATE
 from rngaudit.recorder import ROLE_LOADER, ROLE_SAMPLER, GenInfo, Recorder
+
+log = logging.getLogger("rngaudit")
+_PENDING: list[Any] = []  # ctypes callbacks handed to the main thread: kept alive for good
 
 # (module path, attribute, kind) of the Python-level seeding and state functions.
 SEEDING = (
@@ -56,7 +62,9 @@ class TorchInstrumentation:
 
     def __init__(self, recorder: Recorder) -> None:
         self.rec = recorder
-        self.mode: Any = None
+        self.mode_class: Any = None
+        self.modes: dict[int, Any] = {}  # thread ident -> the mode pushed on that thread
+        self._modes_lock = threading.Lock()
         self._cpu_info: GenInfo | None = None
 
     def _cpu(self, stack: Stack) -> GenInfo:
@@ -120,9 +128,18 @@ class TorchInstrumentation:
         class RNGAuditMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
             """Sees every seeded aten op (rand, randperm, random_, bernoulli_, ...)."""
 
+            active = True  # False once retired: a mode that could not be popped passes through
+
             @classmethod
             def _should_skip_dynamo(cls) -> bool:
                 return False  # no dynamo wrapper: no 2 s import, no extra frames
+
+            @classmethod
+            def ignore_compile_internals(cls) -> bool:
+                # torch.compile traces and compiles as if no mode were pushed (otherwise dynamo
+                # skips the frame for good and the model runs eager, drawing other values);
+                # the compiled code's own runtime ops are still seen.
+                return True
 
             def __torch_dispatch__(
                 self,
@@ -138,7 +155,9 @@ class TorchInstrumentation:
                     seeded = seeded_tag in func.tags
                     op = f"aten.{func.overloadpacket.__name__}" if seeded else None
                     op_names[func] = op
-                if op is None or not rec.enabled or getattr(local, "busy", False):
+                if op is None or not self.active or not rec.enabled:
+                    return func(*args, **kwargs)
+                if getattr(local, "busy", False):
                     return func(*args, **kwargs)
                 return outer._record_op(torch, func, op, args, kwargs)
 
@@ -150,14 +169,58 @@ class TorchInstrumentation:
             if hasattr(module, attr):
                 wrapper = self._seeding_wrapper(torch, module_name, attr, kind)
                 rec.patches.wrap(module, attr, wrapper)
-        self.mode = RNGAuditMode()  # type: ignore[no-untyped-call]
-        self.mode.__enter__()
-        rec.add_undo(self._pop_mode)
+        self.mode_class = RNGAuditMode
+        rec.torch = self
+        rec.add_undo(self.pop_all)
+        self.push_here()
 
-    def _pop_mode(self) -> None:
-        if self.mode is not None:
-            mode, self.mode = self.mode, None
-            mode.__exit__(None, None, None)
+    # -- the dispatch mode, one per thread -----------------------------------------------------
+    # TorchDispatchMode stacks are thread-local: a mode is pushed on each thread that opens a
+    # window and popped on that same thread when its last window there closes.
+    def push_here(self) -> None:
+        """Push a mode on this thread's dispatch stack (once per thread)."""
+        ident = threading.get_ident()
+        with self._modes_lock:
+            if ident in self.modes or self.mode_class is None:
+                return
+            mode = self.modes[ident] = self.mode_class()
+        mode.__enter__()
+
+    def pop_here(self) -> None:
+        """Pop this thread's mode, if it pushed one."""
+        with self._modes_lock:
+            mode = self.modes.pop(threading.get_ident(), None)
+        if mode is not None:
+            _pop_own(mode)
+
+    def forget_other_threads(self) -> None:
+        """In a forked child only the forking thread exists: the others' modes are gone."""
+        ident = threading.get_ident()
+        with self._modes_lock:
+            self.modes = {i: m for i, m in self.modes.items() if i == ident}
+
+    def pop_all(self) -> None:
+        """At the outermost window's end: pop this thread's mode; another thread's mode is
+        retired at once and popped on its own thread (the main thread's at its next bytecode
+        boundary), or, for a thread that cannot be reached, left retired with a warning."""
+        self.rec.torch = None
+        self.pop_here()
+        with self._modes_lock:
+            others, self.modes = self.modes, {}
+            self.mode_class = None
+        for ident, mode in others.items():
+            mode.active = False
+            if ident == threading.main_thread().ident and _on_main_thread(
+                functools.partial(_pop_own, mode)
+            ):
+                continue
+            log.warning(
+                "rngaudit: the audit window was opened on thread %s and closed on %s; its "
+                "dispatch mode cannot be removed from the other thread and now only passes "
+                "ops through. Open and close each audit on one thread.",
+                ident,
+                threading.current_thread().name,
+            )
 
     def _record_op(
         self, torch: Any, func: Any, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -200,3 +263,35 @@ class TorchInstrumentation:
             return rec.call(wrapped, args, kw, resolve, op, kind)
 
         return wrapper
+
+
+def _pop_own(mode: Any) -> None:
+    """Pop ``mode`` from this thread's stack if it is on top; otherwise retire it."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    mode.active = False
+    current: Any = _get_current_dispatch_mode()
+    if current is mode:
+        mode.__exit__(None, None, None)
+    else:  # another mode was pushed over it and is still open: popping would remove that one
+        log.warning("rngaudit: another dispatch mode is open over the audit's; it stays, inert")
+
+
+def _on_main_thread(func: Callable[[], None]) -> bool:
+    """Run ``func`` on the main thread at its next bytecode boundary, as CPython runs signal
+    handlers (``Py_AddPendingCall``). False when it cannot be scheduled."""
+    import ctypes
+
+    def call(_: Any) -> int:
+        try:
+            func()
+        except Exception:  # never raise into the main thread's code
+            log.debug("rngaudit: could not pop the main thread's mode", exc_info=True)
+        return 0
+
+    callback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(call)
+    _PENDING.append(callback)
+    try:
+        return int(ctypes.pythonapi.Py_AddPendingCall(callback, None)) == 0
+    except (AttributeError, OSError):
+        return False

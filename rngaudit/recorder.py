@@ -44,6 +44,8 @@ class Recorder:
         self.loader_classes: list[tuple[Any, str]] = []
         self._window_lock = threading.RLock()
         self._fork_handler = False
+        self._thread_windows: dict[int, int] = {}  # thread ident -> windows it has open
+        self.torch: Any = None  # the TorchInstrumentation while installed (per-thread modes)
 
     # -- windows ---------------------------------------------------------------------------
     def begin(self, audit_index: int) -> int:
@@ -64,6 +66,10 @@ class Recorder:
                 except BaseException:
                     self.uninstrument()
                     raise
+            elif self.torch is not None:
+                self.torch.push_here()  # a window on another thread: its own mode
+            ident = threading.get_ident()
+            self._thread_windows[ident] = self._thread_windows.get(ident, 0) + 1
             self._depth += 1
             self._outer_indices.append(self.audit_index)
             self.audit_index = audit_index
@@ -90,7 +96,16 @@ class Recorder:
                 states = {}
             self._depth = max(0, self._depth - 1)
             self.audit_index = self._outer_indices.pop() if self._outer_indices else 0
+            ident = threading.get_ident()
+            left = self._thread_windows.get(ident, 0) - 1
+            if left > 0:
+                self._thread_windows[ident] = left
+            else:
+                self._thread_windows.pop(ident, None)
+                if self._depth > 0 and self.torch is not None:
+                    self.torch.pop_here()  # this thread's last window: undo its own push
             if self._depth == 0:
+                self._thread_windows.clear()
                 self.uninstrument()
                 self.names.clear()
                 self.loaders.clear()
@@ -127,7 +142,10 @@ class Recorder:
         self.enabled = False
         self._depth = 0
         self._outer_indices.clear()
+        self._thread_windows.clear()
         try:
+            if self.torch is not None:
+                self.torch.forget_other_threads()
             self.uninstrument()
         except Exception:  # never break a worker over the auditor
             log.debug("rngaudit: could not uninstrument a forked child", exc_info=True)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TextIO
 
 from rngaudit.callsite import format_site
 from rngaudit.findings import Finding, format_ranks
@@ -26,6 +27,19 @@ Event = dict[str, Any]
 def render_json(report: AuditReport) -> str:
     """The report as ``report.json`` holds it (``AuditReport.to_dict()``), indented."""
     return json.dumps(report.to_dict(), indent=2) + "\n"
+
+
+def write_json(report: AuditReport, out: TextIO, chunk: int = 1 << 16) -> None:
+    """:func:`render_json` written to ``out`` in pieces: no copy of the whole text in memory."""
+    pieces: list[str] = []
+    size = 0
+    for piece in json.JSONEncoder(indent=2).iterencode(report.to_dict()):
+        pieces.append(piece)
+        size += len(piece)
+        if size >= chunk:
+            out.write("".join(pieces))
+            pieces, size = [], 0
+    out.write("".join(pieces) + "\n")
 
 
 def render_text(report: AuditReport, *, width: int = WIDTH) -> str:
@@ -51,12 +65,12 @@ def render_markdown(report: AuditReport) -> str:
     lines = [
         f"# rngaudit report: {report.verdict.upper()}",
         "",
-        f"- Run: `{report.run_id}`",
+        f"- Run: {_md_code(report.run_id)}",
         f"- World size: {report.world_size}",
-        f"- Mode: {report.mode}",
+        f"- Mode: {_md(report.mode)}",
     ]
     if len(report.audits) > 1:
-        lines.append("- Audits: " + ", ".join(_audit_name(a) for a in report.audits))
+        lines.append("- Audits: " + ", ".join(_md(_audit_name(a)) for a in report.audits))
     lines.append(f"- {_counts(report.findings).capitalize()}")
     if report.findings:
         lines += ["", "## Findings"]
@@ -64,18 +78,23 @@ def render_markdown(report: AuditReport) -> str:
         lines += ["", *_markdown_finding(report, finding, number)]
     loaders = _loader_lines(report)
     if loaders:
-        lines += ["", "## Loaders", "", *(f"- {line}" for line in loaders)]
+        lines += ["", "## Loaders", "", *(f"- {_md(line)}" for line in loaders)]
     for timeline in _timelines(report):
         lines += ["", *_markdown_timeline(timeline)]
     return "\n".join(lines) + "\n"
 
 
 def render_summary(report: AuditReport, *, width: int = WIDTH) -> str:
-    """A few lines for the end of ``rngaudit run``: the verdict and one line per finding."""
+    """A few lines for the end of ``rngaudit run``: the verdict, then each finding wrapped."""
     lines = [f"rngaudit: {report.verdict.upper()}, {_counts(report.findings)}; {_run_line(report)}"]
     for finding in report.findings:
-        line = f"rngaudit:   {finding.severity} {finding.kind}: {finding.message}"
-        lines.append(_fit(line, width))
+        lines += textwrap.wrap(
+            f"{finding.severity} {finding.kind}: {finding.message}",
+            width,
+            initial_indent="rngaudit:   ",
+            subsequent_indent="rngaudit:     ",
+            break_on_hyphens=False,
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -360,17 +379,18 @@ def _text_cell(event: Event | None, column_width: int) -> list[str]:
 
 
 def _markdown_finding(report: AuditReport, finding: Finding, number: int) -> list[str]:
-    title = f"### {number}. {finding.severity}: `{finding.kind}`"
-    lines = [title + _audit_suffix(report, finding.audit), "", finding.message, ""]
+    title = f"### {number}. {_md(finding.severity)}: {_md_code(finding.kind)}"
+    suffix = _md(_audit_suffix(report, finding.audit))
+    lines = [title + suffix, "", _md(finding.message), ""]
     code = {"generator", "drawn at", "user code"}
     for label, value in _finding_fields(finding):
-        shown = f"`{value}`" if label in code else value
+        shown = _md_code(value) if label in code else _md(value)
         lines.append(f"- **{label.capitalize()}:** {shown}")
     return lines
 
 
 def _markdown_timeline(timeline: _Timeline) -> list[str]:
-    lines = [f"## {_timeline_title(timeline)}", ""]
+    lines = [f"## {_md(_timeline_title(timeline))}", ""]
     lines.append("| # | " + " | ".join(f"rank {rank}" for rank in timeline.ranks) + " |")
     lines.append("|---:|" + "---|" * len(timeline.ranks))
     start, stop = _visible_rows(timeline, MAX_TIMELINE_ROWS)
@@ -382,7 +402,7 @@ def _markdown_timeline(timeline: _Timeline) -> list[str]:
     lines.append("")
     if hidden:
         lines += [f"{hidden} positions not shown (earlier: {start}).", ""]
-    note = _divergence_note(timeline)
+    note = _md(_divergence_note(timeline))
     lines.append(f"**>>** {note}" if timeline.divergence is not None else note)
     return lines
 
@@ -390,5 +410,30 @@ def _markdown_timeline(timeline: _Timeline) -> list[str]:
 def _markdown_cell(event: Event | None) -> str:
     if event is None:
         return "(no event)"
-    parts = [f"`{event.get('generator') or '?'}`", _event_summary(event), *_event_sites(event)]
+    parts = [
+        _md_code(str(event.get("generator") or "?")),
+        _md(_event_summary(event)),
+        *(_md(site) for site in _event_sites(event)),
+    ]
     return "<br>".join(part.replace("|", "\\|") for part in parts)
+
+
+_MD_ESCAPES = str.maketrans(
+    {"&": "&amp;", "<": "&lt;", ">": "&gt;", "\\": "\\\\", "`": "\\`", "*": "\\*"}
+)
+_MD_UNDERSCORE = re.compile(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")  # inside a word it is inert
+
+
+def _md(text: str) -> str:
+    """Text that Markdown (and the HTML GitHub allows in it) shows as written: ``<module>``
+    becomes ``&lt;module&gt;``, ``__iter__`` does not turn bold."""
+    text = _MD_UNDERSCORE.sub(r"\_", text.translate(_MD_ESCAPES))
+    return "\\" + text if text[:1] in ("#", "-", "+") else text  # not a heading or a list
+
+
+def _md_code(text: str) -> str:
+    """An inline code span holding ``text`` as written, whatever backticks it contains."""
+    longest = max((len(run) for run in re.findall("`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"

@@ -9,11 +9,14 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from rngaudit.errors import ReportError
-from rngaudit.findings import RANK_MISSING, SEVERITIES, Finding
+from rngaudit.findings import RANK_MISSING, SEVERITIES, Finding, format_ranks
 from rngaudit.report import SCHEMA_VERSION, AuditReport
 from rngaudit.report_files import MERGED_FILE, RANK_FILE
 
 _RANK_PREFIX, _RANK_SUFFIX = RANK_FILE.split("{rank}")
+
+MAX_DEPTH = 32  # report files nest 6 levels; deeper input is not a report (nor safe to walk)
+MAX_WORLD_SIZE = 1 << 20  # ranks; a larger world_size is a corrupt or hostile file
 
 # Field tables: name -> JSON type. Optional fields may also be null.
 _REPORT_REQUIRED = {"run_id": str, "world_size": int, "findings": list, "ranks": list}
@@ -27,7 +30,19 @@ _RANK_FILE_REQUIRED = {
 }
 _RANK_FILE_OPTIONAL = {"verdict": str, "mode": str, "audits": list}
 _RECORD_REQUIRED = {"rank": int, "events": list}
-_RECORD_OPTIONAL = {"pid": int, "host": str, "states": dict, "environment": dict}
+_RECORD_OPTIONAL = {"pid": int, "host": str, "states": dict, "loaders": list, "environment": dict}
+_SITE_OPTIONAL = {"file": str, "line": int, "function": str}
+_SAMPLER_OPTIONAL = {"chain": str, "loader": str, "output_digest": str}
+_LOADER_OPTIONAL = {
+    "loader": str,
+    "num_workers": int,
+    "sampler": str,
+    "generator": str,
+    "drew_before_iteration": bool,
+    "fingerprint": str,
+    "output_digest": str,
+    "audit": int,
+}
 _EVENT_OPTIONAL = {
     "seq": int,
     "audit": int,
@@ -72,7 +87,13 @@ class _RankFile(NamedTuple):
     record: dict[str, Any]
 
 
-_TYPE_NAMES = {dict: "an object", list: "an array", str: "a string", int: "an integer"}
+_TYPE_NAMES = {
+    dict: "an object",
+    list: "an array",
+    str: "a string",
+    int: "an integer",
+    bool: "a boolean",
+}
 _VERDICT_ORDER = ("ok", "info", "warning", "error")
 
 
@@ -138,11 +159,18 @@ def _rank_files(directory: Path) -> list[tuple[int, Path]]:
 def _load_report_file(path: Path) -> AuditReport:
     data = _read_object(path)
     _check_fields(data, _REPORT_REQUIRED, _REPORT_OPTIONAL, str(path))
-    if data["world_size"] < 1:
-        raise ReportError(f"{path}: world_size must be at least 1, not {data['world_size']}")
+    world_size = _check_world_size(data["world_size"], path)
     records = [
         _check_record(record, f"{path}: ranks[{i}]") for i, record in enumerate(data["ranks"])
     ]
+    seen: set[int] = set()
+    for i, record in enumerate(records):
+        if not 0 <= record["rank"] < world_size or record["rank"] in seen:
+            raise ReportError(
+                f"{path}: ranks[{i}] is rank {record['rank']}, which is "
+                + ("a repeat" if record["rank"] in seen else f"outside world_size {world_size}")
+            )
+        seen.add(record["rank"])
     return AuditReport(
         findings=_findings(data["findings"], path),
         ranks=records,
@@ -157,6 +185,7 @@ def _load_report_file(path: Path) -> AuditReport:
 def _load_rank_file(path: Path, rank: int) -> _RankFile:
     data = _read_object(path)
     _check_fields(data, _RANK_FILE_REQUIRED, _RANK_FILE_OPTIONAL, str(path))
+    _check_world_size(data["world_size"], path)
     if data["rank"] != rank:
         raise ReportError(f"{path}: field 'rank' is {data['rank']}, but the file name says {rank}")
     if not 0 <= rank < data["world_size"]:
@@ -223,14 +252,18 @@ def _merge(rank_files: list[_RankFile]) -> AuditReport:
 
 
 def _rank_missing_finding(missing: list[int], world_size: int) -> Finding:
-    names = ", ".join(f"rank-{r}.json" for r in missing)
+    names = ", ".join(f"rank-{r}.json" for r in missing[:3])
+    if len(missing) > 3:
+        names += f" and {len(missing) - 3} more are"
+    else:
+        names += " is" if len(missing) == 1 else " are"
     which = "rank" if len(missing) == 1 else "ranks"
     return Finding(
         kind=RANK_MISSING,
         severity="error",
         message=(
-            f"No report file from {which} {', '.join(map(str, missing))} of {world_size} "
-            f"({names} is missing): the audit cannot compare what it did not see."
+            f"No report file from {which} {format_ranks(missing)} of {world_size} "
+            f"({names} missing): the audit cannot compare what it did not see."
         ),
         ranks=missing,
         remedy=(
@@ -261,6 +294,12 @@ def _read_object(path: Path) -> dict[str, Any]:
         raise ReportError(
             f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
         ) from None
+    except RecursionError:
+        raise ReportError(f"{path}: nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError as exc:  # an integer of more than 4300 digits
+        raise ReportError(f"{path}: unusable JSON: {' '.join(str(exc).split())[:80]}") from None
+    del text
+    _check_depth(data, path)
     if not isinstance(data, dict):
         raise ReportError(f"{path}: top level is {_json_type(data)}, expected a JSON object")
     if "schema_version" not in data:
@@ -272,6 +311,26 @@ def _read_object(path: Path) -> dict[str, Any]:
             f"(this rngaudit reads schema_version {SCHEMA_VERSION})"
         )
     return data
+
+
+def _check_depth(data: Any, path: Path) -> None:
+    """Refuse JSON nested deeper than :data:`MAX_DEPTH` (walked without recursion)."""
+    stack: list[tuple[Any, int]] = [(data, 1)] if isinstance(data, (dict, list)) else []
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ReportError(f"{path}: nested deeper than {MAX_DEPTH} levels")
+        children = value.values() if isinstance(value, dict) else value
+        stack.extend((v, depth + 1) for v in children if isinstance(v, (dict, list)))
+
+
+def _check_world_size(world_size: int, path: Path) -> int:
+    shown = world_size if abs(world_size) < 10**12 else f"of {len(str(abs(world_size)))} digits"
+    if world_size < 1:
+        raise ReportError(f"{path}: world_size must be at least 1, not {shown}")
+    if world_size > MAX_WORLD_SIZE:
+        raise ReportError(f"{path}: world_size {shown} is above the maximum, {MAX_WORLD_SIZE}")
+    return world_size
 
 
 def _check_fields(
@@ -296,8 +355,8 @@ def _check_fields(
 
 
 def _is_type(value: Any, expected: type) -> bool:
-    if expected is int:
-        return type(value) is int
+    if expected in (int, bool):
+        return type(value) is expected
     return isinstance(value, expected)
 
 
@@ -309,7 +368,26 @@ def _check_record(record: Any, where: str) -> dict[str, Any]:
         if not isinstance(event, dict):
             raise ReportError(f"{where}.events[{i}] is {_json_type(event)}, expected an object")
         _check_fields(event, {}, _EVENT_OPTIONAL, f"{where}.events[{i}]")
+        _check_sites(event, f"{where}.events[{i}]")
+        if event.get("sampler") is not None:
+            _check_fields(event["sampler"], {}, _SAMPLER_OPTIONAL, f"{where}.events[{i}].sampler")
+    for i, loader in enumerate(record.get("loaders") or []):
+        if not isinstance(loader, dict):
+            raise ReportError(f"{where}.loaders[{i}] is {_json_type(loader)}, expected an object")
+        _check_fields(loader, {}, _LOADER_OPTIONAL, f"{where}.loaders[{i}]")
     return record
+
+
+def _check_sites(data: dict[str, Any], where: str) -> None:
+    """``call_site``, ``user_call_site`` and ``chain`` entries: file, line, function."""
+    sites = [(name, data.get(name)) for name in ("call_site", "user_call_site")]
+    sites += [(f"chain[{i}]", site) for i, site in enumerate(data.get("chain") or [])]
+    for name, site in sites:
+        if site is None:
+            continue
+        if not isinstance(site, dict):
+            raise ReportError(f"{where}.{name} is {_json_type(site)}, expected an object")
+        _check_fields(site, {}, _SITE_OPTIONAL, f"{where}.{name}")
 
 
 def _findings(items: list[Any], path: Path) -> list[Finding]:
@@ -326,6 +404,7 @@ def _findings(items: list[Any], path: Path) -> list[Finding]:
             )
         if not all(type(r) is int for r in item.get("ranks") or []):
             raise ReportError(f"{where}: field 'ranks' must hold integers")
+        _check_sites({k: item.get(k) for k in ("call_site", "user_call_site")}, where)
         findings.append(Finding.from_dict({k: v for k, v in item.items() if v is not None}))
     return findings
 

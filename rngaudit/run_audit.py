@@ -13,6 +13,7 @@ import wrapt
 from rngaudit import config, epoch_check, exchange, instrument_loaders, session, sharding
 from rngaudit.audit import act
 from rngaudit.callsite import here
+from rngaudit.errors import ConfigError
 from rngaudit.patching import PatchSet
 from rngaudit.recorder import RECORDER
 from rngaudit.report import AuditReport
@@ -59,7 +60,11 @@ class RunAudit:
         self.reports: list[AuditReport] = []
         self._in_prepare = False
         self.monitor: Any = None
-        self.epochs = config.env_epochs()
+        try:
+            self.epochs = config.env_epochs()
+        except ConfigError as exc:  # an environment problem never stops the run
+            sys.stderr.write(f"rngaudit: {exc}; checking every epoch\n")
+            self.epochs = "all"
         self._sequential: set[int] = set()
         self.is_rank = False  # joined a process group, or prepared / iterated a loader
         self.worker = False  # a DataLoader worker: passive for good

@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import wrapt
@@ -52,9 +53,9 @@ def process_startup(environ: dict[str, str] | None = None) -> Any:
         mode = config.env_mode(env.get(config.ENV_MODE))
         if mode is None or _is_own_command():
             return None
-        settings = config.resolve(mode=mode, environ=env)
+        settings = config.resolve(mode=mode, environ=env, warn=_say)
     except Exception as exc:  # a typo must never stop Python from starting
-        sys.stderr.write(f"rngaudit: {exc}; running unaudited\n")
+        _say(f"{_one_line(exc)}; running unaudited")
         return None
     try:
         from rngaudit.run_audit import RunAudit
@@ -64,7 +65,7 @@ def process_startup(environ: dict[str, str] | None = None) -> Any:
         atexit.register(CONTROLLER.at_exit)
         wrapt.register_post_import_hook(_watch_worker_loop, WORKER_MODULE)
     except Exception as exc:
-        sys.stderr.write(f"rngaudit: could not start ({exc!r}); running unaudited\n")
+        _say(f"could not start ({_one_line(exc, repr)}); running unaudited")
         return None
     return CONTROLLER
 
@@ -104,3 +105,14 @@ def become_worker() -> None:
         log.debug("rngaudit: could not detach a DataLoader worker", exc_info=True)
 
 
+def _say(message: str) -> None:
+    """One line on stderr: at start-up a warning filter may not be set up yet."""
+    sys.stderr.write(f"rngaudit: {message}\n")
+
+
+def _one_line(exc: BaseException, form: Callable[[object], str] = str) -> str:
+    """An exception as one line of at most 200 characters."""
+    return " ".join(form(exc).split())[:200]
+
+
+Callback = Callable[[], None]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import random
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -10,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from conftest import run_python
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import _get_current_dispatch_mode
@@ -174,3 +177,23 @@ def test_forked_workers_do_not_inherit_the_instrumentation(tmp_path: Path) -> No
     proc = run_python(["tests/envmode/forked_worker_mode.py", str(tmp_path)])
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout) == [1.0, 1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_torch_compile_with_dropout_is_bit_identical_and_stays_compiled(
+    tmp_path: Path, backend: str
+) -> None:
+    if backend == "inductor" and not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("inductor on CPU needs a C compiler")
+    script = "tests/envmode/compiled_dropout.py"
+    plain = run_python([script, backend, "0", str(tmp_path)], timeout=600)
+    audited = run_python([script, backend, "1", str(tmp_path)], timeout=600)
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    assert audited.returncode == 0, audited.stderr[-2000:]
+    assert audited.stdout == plain.stdout  # same values inside and after the window
+    lines = audited.stdout.splitlines()
+    assert lines[2] == "graphs 1 frames {'total': 1, 'ok': 1}"  # compiled once, never skipped
+    assert lines[3] == "stack 0"
+    events = json.loads((tmp_path / "report.json").read_text())["ranks"][0]["events"]
+    drawn = {e["op"] for e in events if e["op"].startswith("aten.")}
+    assert drawn == ({"aten.randint"} if backend == "inductor" else {"aten.native_dropout"}), drawn

@@ -238,3 +238,61 @@ def test_an_unwritable_report_dir_warns_once_and_keeps_the_report(tmp_path: Path
     ):
         torch.rand(1)
     assert a.report is not None and a.report.ranks[0]["events"]
+
+
+# Threads: every dispatch-mode push undone on its own thread (issue 11, item 8) --------------
+
+
+def dispatch_stack() -> int:
+    return int(torch._C._len_torch_dispatch_stack())
+
+
+def test_overlapping_audits_on_two_threads_leave_no_mode_on_either(report_dir: Path) -> None:
+    a_open, b_open, a_closed = threading.Event(), threading.Event(), threading.Event()
+    left: dict[str, int] = {}
+    audits: dict[str, rngaudit.Audit] = {}
+
+    def first() -> None:  # opens first, closes first
+        with rngaudit.audit(mode="report", report_dir=report_dir) as a:
+            audits["a"] = a
+            a_open.set()
+            assert b_open.wait(60)
+            torch.rand(2)
+        left["a"] = dispatch_stack()
+        a_closed.set()
+
+    def second() -> None:  # opens inside the first, closes last
+        assert a_open.wait(60)
+        with rngaudit.audit(mode="report", report_dir=report_dir) as b:
+            audits["b"] = b
+            b_open.set()
+            assert a_closed.wait(60)
+            torch.rand(3)  # thread-b-draw
+        left["b"] = dispatch_stack()
+
+    threads = [threading.Thread(target=f) for f in (first, second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert left == {"a": 0, "b": 0}
+    assert dispatch_stack() == 0
+    # the second thread's torch draws were seen by its own mode
+    assert any(
+        e["op"] == "aten.rand" and e["call_site"]["line"] == line_of("thread-b-draw")
+        for e in events_of(audits["b"])
+    )
+
+
+def test_a_window_closed_on_another_thread_pops_the_main_threads_mode(report_dir: Path) -> None:
+    audit = rngaudit.audit(mode="report", report_dir=report_dir)
+    audit.__enter__()
+    assert dispatch_stack() == 1
+    closer = threading.Thread(target=audit.__exit__, args=(None, None, None))
+    closer.start()
+    closer.join(120)
+    # the pop was handed to this (main) thread: it runs at its next bytecode boundary
+    for _ in range(3):
+        pass
+    assert dispatch_stack() == 0
+    assert audit.report is not None

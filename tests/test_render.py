@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -254,16 +255,50 @@ def test_markdown_marks_first_divergence() -> None:
 # Summary and helpers -----------------------------------------------------------------------
 
 
-def test_summary_has_verdict_and_one_line_per_finding() -> None:
-    lines = render_summary(sample("divergent")).splitlines()
+def test_summary_has_verdict_and_each_finding_wrapped_whole() -> None:
+    report = sample("divergent")
+    lines = render_summary(report).splitlines()
     assert lines[0] == (
         "rngaudit: ERROR, 2 findings (1 error, 1 warning); "
         "run 7f3a9c1e2b4d, world size 2, mode raise"
     )
-    assert lines[1].startswith("rngaudit:   error sampler-draw-divergence: Ranks 0 and 1")
-    assert lines[2].startswith("rngaudit:   warning consumption-mismatch: Rank 0 made")
-    assert len(lines) == 3
     assert all(len(line) <= WIDTH for line in lines)
+    starts = [i for i, line in enumerate(lines) if not line.startswith("rngaudit:     ")][1:]
+    assert len(starts) == 2
+    for finding, start, stop in zip(
+        report.findings, starts, [*starts[1:], len(lines)], strict=True
+    ):
+        text = " ".join(line.removeprefix("rngaudit:").strip() for line in lines[start:stop])
+        assert text == f"{finding.severity} {finding.kind}: {finding.message}"  # nothing cut
+    assert lines[starts[0]].startswith("rngaudit:   error sampler-draw-divergence: Ranks 0 and 1")
+    assert lines[starts[1]].startswith("rngaudit:   warning consumption-mismatch: Rank 0 made")
+
+
+HTMLISH = Finding(
+    kind="state-divergence",
+    severity="error",
+    message="Drawn in <module> of <stdin> & __init__ *twice*, see `x`",
+    ranks=[0],
+    generator="gen `a` <b>",
+    call_site={"file": "<stdin>", "line": 1, "function": "<module>"},
+    remedy="- use a <private> generator",
+)
+
+
+def test_markdown_escapes_html_and_emphasis() -> None:
+    event_ = event(0, call_site={"file": "<stdin>", "line": 3, "function": "<module>"})
+    report = AuditReport(
+        findings=[HTMLISH], ranks=[{"rank": 0, "events": [event_]}], world_size=1, run_id="r"
+    )
+    md = render_markdown(report)
+    outside_code = re.sub(r"(`+).*?\1", "", md)
+    assert "<" not in outside_code.replace("<br>", "")
+    assert r"Drawn in &lt;module&gt; of &lt;stdin&gt; &amp; \_\_init\_\_ \*twice\*, see \`x\`" in md
+    assert "- **Generator:** ``gen `a` <b>``" in md  # a code span shows its text as written
+    assert "- **Drawn at:** `<stdin>:1 in <module>`" in md
+    assert "- **Remedy:** \\- use a &lt;private&gt; generator" in md
+    assert "<br>&lt;stdin&gt;:3" in md  # the timeline cell
+    assert "<br>" in md  # the renderer's own HTML stays
 
 
 def test_summary_of_clean_report() -> None:

@@ -381,3 +381,77 @@ def test_findings_only_a_rank_file_has_are_merged_into_report_json(tmp_path: Pat
     report = load_report_dir(tmp_path / "r")
     assert report.verdict == "error"
     assert [f.ranks for f in report.findings if f.kind == "worker-duplicate-stream"] == [[1]]
+
+
+# Hostile input: one line, bounded time and memory (issue 11, item 14) ----------------------
+
+
+def test_json_nested_100000_levels(tmp_path: Path) -> None:
+    write(tmp_path, "report.json", "[" * 100_000 + "]" * 100_000)
+    assert "nested deeper than 32 levels" in load_error(tmp_path)
+
+
+def test_json_nested_deeper_than_a_report_in_a_free_form_field(tmp_path: Path) -> None:
+    deep: Any = {}
+    for _ in range(40):
+        deep = {"x": deep}
+    finding = {"kind": "k", "severity": "error", "message": "m", "details": deep}
+    write(tmp_path, "rank-0.json", rank_doc(0, world_size=1, findings=[finding]))
+    assert "nested deeper than 32 levels" in load_error(tmp_path)
+
+
+def test_integer_of_5000_digits(tmp_path: Path) -> None:
+    text = json.dumps(rank_doc(0)).replace('"world_size": 2', '"world_size": ' + "9" * 5000)
+    write(tmp_path, "rank-0.json", text)
+    message = load_error(tmp_path)
+    assert "unusable JSON" in message and len(message) < 300
+
+
+@pytest.mark.parametrize(
+    ("record", "expected"),
+    [
+        ({"loaders": "x"}, "record: field 'loaders' is a string, expected an array"),
+        ({"loaders": ["x"]}, "record.loaders[0] is a string, expected an object"),
+        ({"loaders": [{"num_workers": "2"}]}, "field 'num_workers' is a string"),
+        ({"loaders": [{"drew_before_iteration": 1}]}, "is a number, expected a boolean"),
+        ({"events": [{"call_site": "x"}]}, "field 'call_site' is a string"),
+        ({"events": [{"chain": ["x"]}]}, "events[0].chain[0] is a string, expected an object"),
+        ({"events": [{"call_site": {"line": "7"}}]}, "field 'line' is a string"),
+        ({"events": [{"sampler": {"chain": 3}}]}, "sampler: field 'chain' is a number"),
+    ],
+)
+def test_malformed_record_parts(tmp_path: Path, record: dict[str, Any], expected: str) -> None:
+    doc = rank_doc(0, world_size=1)
+    doc["record"].update(record)
+    write(tmp_path, "rank-0.json", doc)
+    assert expected in load_error(tmp_path)
+
+
+def test_malformed_finding_call_site(tmp_path: Path) -> None:
+    finding = {"kind": "k", "severity": "error", "message": "m", "call_site": ["f", 1]}
+    write(tmp_path, "rank-0.json", rank_doc(0, world_size=1, findings=[finding]))
+    assert "findings[0]: field 'call_site' is an array, expected an object" in load_error(tmp_path)
+
+
+@pytest.mark.parametrize("world_size", [20_000_000, 1_000_000_000, 10**40])
+def test_a_rank_file_claiming_a_huge_world(tmp_path: Path, world_size: int) -> None:
+    write(tmp_path, "rank-0.json", rank_doc(0, world_size=world_size))
+    message = load_error(tmp_path)
+    assert "world_size" in message and "above the maximum, 1048576" in message
+    assert len(message) < 300
+
+
+def test_the_largest_world_loads_quickly_with_a_short_finding(tmp_path: Path) -> None:
+    write(tmp_path, "rank-0.json", rank_doc(0, world_size=1 << 20))
+    report = load_report_dir(tmp_path)
+    (missing,) = [f for f in report.findings if f.kind == RANK_MISSING]
+    assert missing.message.startswith("No report file from ranks 1-1048575 of 1048576 ")
+    assert "rank-1.json, rank-2.json, rank-3.json and 1048572 more are missing" in missing.message
+
+
+@pytest.mark.parametrize(("rank", "why"), [(5, "outside world_size 2"), (0, "a repeat")])
+def test_report_json_ranks_must_fit_the_world(tmp_path: Path, rank: int, why: str) -> None:
+    doc = json.loads((DATA / "clean" / "report.json").read_text())
+    doc["ranks"][1]["rank"] = rank
+    write(tmp_path, "report.json", doc)
+    assert f"ranks[1] is rank {rank}, which is {why}" in load_error(tmp_path)

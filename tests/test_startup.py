@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -131,3 +133,119 @@ def test_spawned_workers_are_not_perturbed(tmp_path: Path) -> None:
     assert plain.stdout == audited.stdout and plain.stdout.strip()
     # workers wrote no report of their own
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rank-0.json", "report.json"]
+
+
+# Start-up and environment hygiene (issue 11, items 11-13) ---------------------------------
+
+PTH = Path(__file__).resolve().parent.parent / "rngaudit_startup.pth"
+ROOT = PTH.parent
+
+
+@pytest.mark.parametrize("broken", ["wrapt", "rngaudit-missing"])
+def test_a_broken_install_prints_one_line_at_start(tmp_path: Path, broken: str) -> None:
+    """The .pth line runs as site.py runs it; whatever fails to import, Python starts."""
+    site_dir = tmp_path / "site"
+    site_dir.mkdir()
+    (site_dir / PTH.name).write_text(PTH.read_text())
+    fake = tmp_path / "fake"
+    (fake / "wrapt").mkdir(parents=True)
+    (fake / "wrapt" / "__init__.py").write_text('raise RuntimeError("broken\\nwrapt")\n')
+    path = [str(fake), str(ROOT)] if broken == "wrapt" else []
+    code = f"import site; site.addsitedir({str(site_dir)!r}); print('started')"
+    proc = run_python(
+        ["-S", "-c", code],
+        env={"RNGAUDIT": "1", "PYTHONPATH": os.pathsep.join(path)},
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0 and proc.stdout == "started\n"
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("rngaudit: cannot start (") and "running unaudited" in proc.stderr
+
+
+def test_the_pth_line_does_nothing_when_off(tmp_path: Path) -> None:
+    site_dir = tmp_path / "site"
+    site_dir.mkdir()
+    (site_dir / PTH.name).write_text(PTH.read_text())
+    code = f"import site, sys; site.addsitedir({str(site_dir)!r}); print('rngaudit' in sys.modules)"
+    proc = run_python(["-S", "-c", code], env={"RNGAUDIT": "0", "PYTHONPATH": str(ROOT)})
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "False\n", "")
+
+
+WITH_BLOCK = """
+import torch, rngaudit
+torch.manual_seed(0)
+with rngaudit.audit() as a:
+    x = torch.rand(3)
+print(a.report.verdict, x.tolist())
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("RNGAUDIT_TIMEOUT", "inf"), ("RNGAUDIT_TIMEOUT", "soon"), ("RNGAUDIT_REPORT_DIR", "loop")],
+)
+def test_a_with_block_survives_a_malformed_environment(
+    tmp_path: Path, name: str, value: str
+) -> None:
+    if value == "loop":
+        (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+        (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+        value = str(tmp_path / "loop1" / "reports")
+    proc = run_python(
+        ["-c", WITH_BLOCK], env={name: value, "PYTHONWARNINGS": "default"}, cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("ok [")
+    assert "Traceback" not in proc.stderr
+    warned = [line for line in proc.stderr.splitlines() if "RNGAuditWarning" in line]
+    assert len(warned) == 1 and f"{name}=" in warned[0], proc.stderr
+    assert (tmp_path / "rngaudit-report" / "report.json").is_file()  # the default directory
+
+
+def test_rngaudit_1_with_a_malformed_timeout_runs_audited_with_the_default(
+    tmp_path: Path,
+) -> None:
+    proc = run_python(
+        ["tests/envmode/no_loader.py"],
+        env={"RNGAUDIT": "1", "RNGAUDIT_REPORT_DIR": str(tmp_path), "RNGAUDIT_TIMEOUT": "1e309"},
+    )
+    assert proc.returncode == 0 and proc.stdout == "done\n"
+    assert proc.stderr.splitlines() == [
+        "rngaudit: RNGAUDIT_TIMEOUT='1e309' must be a number of seconds above 0 and at most "
+        "86400; using 120"
+    ]
+    assert load(tmp_path / "report.json")["verdict"] == "ok"
+
+
+def test_a_huge_rngaudit_value_is_cut(tmp_path: Path) -> None:
+    proc = run_python(["tests/envmode/no_loader.py"], env=env("x" * 100_000, tmp_path))
+    assert proc.returncode == 0 and proc.stdout == "done\n"
+    assert proc.stderr.count("\n") == 1 and len(proc.stderr) < 300, proc.stderr[:300]
+    assert "100000 characters" in proc.stderr
+
+
+def test_first_iteration_on_another_thread_leaves_no_mode_on_any_thread(tmp_path: Path) -> None:
+    script = "tests/envmode/thread_iteration.py"
+    plain = run_python([script])
+    audited = run_python([script], env=env("1", tmp_path))
+    assert audited.returncode == 0, audited.stderr[-2000:]
+    assert audited.stdout.splitlines()[1] == "thread stack 0 main stack 0"
+    assert audited.stdout == plain.stdout  # same batches
+    assert "rngaudit" not in audited.stderr
+    merged = load(tmp_path / "report.json")
+    assert merged["audits"][-1]["label"] == "first DataLoader iteration"  # type: ignore[index]
+
+
+def test_the_pth_line_arms_a_healthy_install(tmp_path: Path) -> None:
+    site_dir = tmp_path / "site"
+    site_dir.mkdir()
+    (site_dir / PTH.name).write_text(PTH.read_text())
+    venv_site = next(p for p in sys.path if p.endswith("site-packages"))
+    code = (
+        f"import site; site.addsitedir({str(site_dir)!r}); "
+        "import rngaudit.startup as s; print(s.CONTROLLER is not None)"
+    )
+    path = os.pathsep.join([str(ROOT), venv_site])  # on the path, its own .pth files unread
+    proc = run_python(["-S", "-c", code], env={**env("1", tmp_path), "PYTHONPATH": path})
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "True\n", "")
+    assert (tmp_path / "report.json").is_file()  # the process-exit audit wrote its report
