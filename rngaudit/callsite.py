@@ -108,7 +108,7 @@ class Stack:
     chain: tuple[CallSite, ...]
     user_site: CallSite | None
     marked: tuple[tuple[str, Any], ...]  # (role, frame `self`) for marked code objects
-    stdlib_caller: bool  # the first frame outside rngaudit is stdlib (not `random`)
+    stdlib_caller: bool  # the first caller outside rngaudit/random.py: stdlib, or a library import
 
 
 # Code objects whose frames carry meaning (sampler __iter__, loader state_dict, ...):
@@ -140,7 +140,9 @@ def walk(frame: FrameType | None, max_depth: int = 80) -> Stack:
         if first_outside and not code.co_filename.endswith(_RANDOM_PY):
             # the first caller outside rngaudit and random.py itself (Random.__init__ seeds)
             first_outside = False
-            stdlib_caller = kind == STDLIB
+            # the stdlib's private instances (tempfile), and a library's own made at import
+            # (a module body: datasets' fingerprint_rng, sympy's) are noise, not the user's run
+            stdlib_caller = kind == STDLIB or (kind == LIBRARY and code.co_name == "<module>")
         if kind in (LIBRARY, USER):
             site = CallSite(code.co_filename, frame.f_lineno, code.co_name)
             if call_site is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 import random
 import threading
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from conftest import run_python
 
 import rngaudit
 
@@ -296,3 +298,21 @@ def test_a_window_closed_on_another_thread_pops_the_main_threads_mode(report_dir
         pass
     assert dispatch_stack() == 0
     assert audit.report is not None
+
+
+def test_a_library_private_generator_made_at_import_is_not_recorded(tmp_path: Path) -> None:
+    """datasets (imported by accelerate) builds `fingerprint_rng = random.Random()` at import,
+    seeded from the OS: noise, never a divergence of the user's run (sympy does the same)."""
+    code = (
+        "import random, rngaudit\n"
+        f"with rngaudit.audit(report_dir={str(tmp_path)!r}, mode='report') as a:\n"
+        "    import datasets.fingerprint\n"
+        "    mine = random.Random()  # the user's own: recorded\n"
+        "print(sorted({e['generator'].split('#')[0] for r in a.report.ranks for e in r['events']}))"
+    )
+    proc = run_python(["-c", code])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "['random.Random']"
+    merged = json.loads((tmp_path / "report.json").read_text())
+    sites = {e["call_site"]["file"] for r in merged["ranks"] for e in r["events"]}
+    assert sites == {"<string>"}
