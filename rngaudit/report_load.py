@@ -27,7 +27,14 @@ _RANK_FILE_REQUIRED = {
 }
 _RANK_FILE_OPTIONAL = {"verdict": str, "mode": str, "audits": list}
 _RECORD_REQUIRED = {"rank": int, "events": list}
-_RECORD_OPTIONAL = {"pid": int, "host": str, "states": dict, "environment": dict}
+_RECORD_OPTIONAL = {
+    "pid": int,
+    "host": str,
+    "states": dict,
+    "environment": dict,
+    "exception": str,
+    "same_as": int,
+}
 _EVENT_OPTIONAL = {
     "seq": int,
     "audit": int,
