@@ -5,11 +5,12 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+import threading
 import time
 import zlib
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 KEY_PREFIX = "rngaudit"
 SLICE = 0.2  # seconds per wait: a KeyboardInterrupt surfaces within one slice
@@ -118,11 +119,48 @@ def _get_all(store: Any, keys: list[str]) -> list[bytes]:
     return [store.get(k) for k in keys]
 
 
-def _wait(store: Any, key: str, seconds: float) -> bool:
-    try:
-        store.wait([key], timedelta(seconds=max(0.001, seconds)))
-        return True
-    except Exception:  # the store's timeout (DistStoreError)
+class _Waiter:
+    """Waits for one key on a clone of the store, in a daemon thread, so the caller can wait in
+    short slices (a KeyboardInterrupt surfaces within one) without a store timeout, which c10d
+    logs as a warning, at every slice. Without ``clone()``, it polls ``check`` each slice."""
+
+    _idle: ClassVar[dict[int, list[Any]]] = {}  # free clones per store (id)
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, store: Any, key: str, seconds: float) -> None:
+        self.store, self.key = store, key
+        self.done = threading.Event()
+        self.found = False
+        self.clone: Any = None
+        if hasattr(store, "clone"):
+            with self._lock:
+                idle = self._idle.setdefault(id(store), [])
+                self.clone = idle.pop() if idle else None
+            try:
+                self.clone = self.clone or store.clone()
+            except Exception:
+                self.clone = None
+        if self.clone is not None:
+            threading.Thread(target=self._run, args=(seconds,), daemon=True).start()
+
+    def _run(self, seconds: float) -> None:
+        try:
+            self.clone.wait([self.key], timedelta(seconds=max(0.001, seconds)))
+            self.found = True
+        except Exception:  # the store's timeout
+            self.found = False
+        with self._lock:
+            self._idle.setdefault(id(self.store), []).append(self.clone)
+        self.done.set()
+
+    def wait(self, seconds: float) -> bool:
+        """True once the wait ended (then ``found`` says how); False after ``seconds``."""
+        if self.clone is not None:
+            return self.done.wait(max(0.0, seconds))
+        if self.store.check([self.key]):
+            self.found = True
+            return True
+        time.sleep(max(0.0, seconds))
         return False
 
 
@@ -147,21 +185,41 @@ class Pending:
         self.stray: list[str] = []  # keys of exchanges that did not complete
 
 
-PENDING: dict[int, Pending] = {}  # per store (id), per process
+PENDING: dict[tuple[int, int], Pending] = {}  # per (store id, rank), in this process
 
 
 def publish(
-    store: Any, rank: int, world: int, key: str, record: dict[str, Any], info: dict[str, Any]
-) -> None:
-    """Put this rank's record and its arrival (signature, mode, label, exception) in the store."""
+    store: Any,
+    rank: int,
+    world: int,
+    key: str,
+    record: dict[str, Any],
+    info: dict[str, Any],
+    everyone: bool = False,
+    payload: bytes | None = None,
+) -> list[str]:
+    """Put this rank's arrival (signature, mode, label, exception) in the store, and its record
+    when it is the first of its signature group to claim it (or ``everyone`` publishes, or the
+    world is at most ``FETCH_ALL_MAX``). Returns the keys this rank wrote for the exchange."""
     keys = _Keys(key)
-    arrival = json.dumps(dict(info, signature=str(record.get("signature", ""))), sort_keys=True)
-    store.set(keys.record(rank), encode(record))
-    store.set(keys.arrival(rank), arrival.encode())  # after the record: an arrival means both
+    signature = str(record.get("signature", ""))
+    written = [keys.arrival(rank)]
+    holds = everyone or world <= FETCH_ALL_MAX
+    if not holds:  # one record per signature group in the store, not one per rank
+        claim = f"{keys.base}/claim/{signature}"
+        holds = bytes(store.compare_set(claim, "", str(rank))) == str(rank).encode()
+        if holds:
+            written.append(claim)
+    if holds:
+        store.set(keys.record(rank), payload if payload is not None else encode(record))
+        written.append(keys.record(rank))
+    arrival = dict(info, signature=signature, holds=holds)
+    store.set(keys.arrival(rank), json.dumps(arrival, sort_keys=True))  # after the record
     store.set(_position(rank), json.dumps({"key": key, "label": info.get("label", "")}))
     store.add(WAITING, 1)
     if store.add(keys.count, 1) == world:
         store.set(keys.all, b"1")
+    return written
 
 
 def exchange(
@@ -171,6 +229,7 @@ def exchange(
     fetch_all: bool = False,
     info: dict[str, Any] | None = None,
     leave: bool = False,
+    report_all: bool = False,
 ) -> Exchanged:
     """Publish this rank's record under ``key`` and collect the others', within ``timeout``.
 
@@ -181,16 +240,20 @@ def exchange(
     first of them decides instead, with the same ``compare_set``), and a rank arriving after a
     decision adopts it. Every rank acts on that one decision: the same verdict everywhere.
 
-    Ranks fetch full records only from the lowest rank of each signature group, unless
-    ``fetch_all`` (rank 0 up to ``FETCH_ALL_MAX`` ranks, the order check); the others come
-    back as stubs ``{"rank", "signature", "same_as", "events": []}``. ``leave``: publish and
-    return at once, telling the others this rank was interrupted (a KeyboardInterrupt).
+    The store holds one full record per signature group (the first rank to claim the group
+    publishes it; every rank up to ``FETCH_ALL_MAX`` ranks, or with ``fetch_all``), and ranks
+    fetch only those, unless ``fetch_all`` (every rank passes it: the order check) or
+    ``report_all`` (rank 0, for the merged report, up to ``FETCH_ALL_MAX`` ranks); the others
+    come back as stubs ``{"rank", "signature", "same_as", "events": []}``. ``leave``: publish
+    and return at once, telling the others this rank was interrupted (a KeyboardInterrupt).
     """
     where = distributed()
     if where is None:
         return Exchanged([record], 1, 0, [], 0.0, arrived=[0])
     rank, world = where
-    return exchange_on(_store(), rank, world, record, key, timeout, fetch_all, info, leave)
+    return exchange_on(
+        _store(), rank, world, record, key, timeout, fetch_all, info, leave, report_all
+    )
 
 
 def exchange_on(
@@ -203,13 +266,15 @@ def exchange_on(
     fetch_all: bool = False,
     info: dict[str, Any] | None = None,
     leave: bool = False,
+    report_all: bool = False,
+    payload: bytes | None = None,
 ) -> Exchanged:
     """:func:`exchange` through a given store, as ``rank`` of ``world`` (the benchmark
-    simulates thousands of ranks this way)."""
-    info = dict(info or {})
+    simulates thousands of ranks this way; ``payload``: the record already encoded)."""
     start = time.monotonic()
-    publish(store, rank, world, key, record, info)
-    return collect(store, rank, world, record, key, timeout, fetch_all, leave, start)
+    written = publish(store, rank, world, key, record, dict(info or {}), fetch_all, payload)
+    every = fetch_all or (report_all and world <= FETCH_ALL_MAX)
+    return collect(store, rank, world, record, key, timeout, every, leave, start, written)
 
 
 def collect(
@@ -222,11 +287,13 @@ def collect(
     fetch_all: bool = False,
     leave: bool = False,
     start: float | None = None,
+    written: list[str] | None = None,
 ) -> Exchanged:
-    """The second half of :func:`exchange_on`: wait for the decision, fetch, clean up."""
+    """The second half of :func:`exchange_on`: wait for the decision, fetch, clean up
+    (``written``: the keys :func:`publish` wrote, deleted after the next complete exchange)."""
     start = time.monotonic() if start is None else start
     keys = _Keys(key)
-    pending = PENDING.setdefault(id(store), Pending())
+    pending = PENDING.setdefault((id(store), rank), Pending())
     try:
         if leave:
             decision = _decide(store, keys, {"kind": "interrupted", "by": rank, "ranks": {}})
@@ -239,7 +306,7 @@ def collect(
     finally:
         store.add(WAITING, -1)
     result = _result(store, keys, decision, record, rank, world, fetch_all, start)
-    mine = [keys.record(rank), keys.arrival(rank)]
+    mine = list(written if written is not None else [keys.record(rank), keys.arrival(rank)])
     if decision["kind"] == "complete":
         # every rank arrived here, so every rank has read the previous exchange: clear it
         _delete(store, pending.last + pending.stray)
@@ -265,9 +332,9 @@ def _await_decision(
     if decision is not None:
         return decision  # arrived after the others decided (timed out, interrupted)
     if rank == 0:
+        waiter = _Waiter(store, keys.all, timeout - (time.monotonic() - start))
         while True:
-            left = timeout - (time.monotonic() - start)
-            if _wait(store, keys.all, min(SLICE, left)):
+            if waiter.wait(SLICE) and waiter.found:
                 return _decide(store, keys, _complete(store, keys, world))
             decision = _read_decision(store, keys)
             if decision is not None:
@@ -277,9 +344,9 @@ def _await_decision(
                 return mismatch
             if time.monotonic() - start >= timeout:
                 return _decide(store, keys, _abandoned(store, keys, world, rank))
+    waiter = _Waiter(store, keys.decision, timeout + GRACE - (time.monotonic() - start))
     while True:
-        left = timeout + GRACE - (time.monotonic() - start)
-        if _wait(store, keys.decision, min(SLICE, left)):
+        if waiter.wait(SLICE) and waiter.found:
             decision = _read_decision(store, keys)
             assert decision is not None
             return decision
@@ -290,17 +357,22 @@ def _await_decision(
 def _table(store: Any, keys: _Keys, ranks: list[int]) -> dict[str, Any]:
     """Signature groups, modes and exceptions of ``ranks`` (all arrived at ``keys``)."""
     groups: dict[str, list[int]] = {}
+    holders: dict[str, int] = {}
     modes: dict[str, list[int]] = {}
     raised: dict[str, str] = {}
     values = _get_all(store, [keys.arrival(r) for r in ranks])
     for r, value in zip(ranks, values, strict=True):
         arrival = json.loads(bytes(value).decode())
-        groups.setdefault(str(arrival.get("signature", "")), []).append(r)
+        sig = str(arrival.get("signature", ""))
+        groups.setdefault(sig, []).append(r)
+        if arrival.get("holds", True) and sig not in holders:
+            holders[sig] = r  # the lowest rank whose record is in the store
         modes.setdefault(str(arrival.get("mode", "")), []).append(r)
         if arrival.get("raised"):
             raised[str(r)] = str(arrival["raised"])
     return {
         "ranks": {sig: ranges(rs) for sig, rs in groups.items()},
+        "holders": holders,
         "modes": {mode: ranges(rs) for mode, rs in modes.items()},
         "raised": raised,
     }
@@ -381,8 +453,9 @@ def _result(
     groups = {sig: unranges(spans) for sig, spans in decision.get("ranks", {}).items()}
     signature_of = {r: sig for sig, rs in groups.items() for r in rs}
     arrived = sorted(signature_of)
-    first_of = {sig: min(rs) for sig, rs in groups.items()}
-    everything = fetch_all and (rank != 0 or world <= FETCH_ALL_MAX)
+    holders = decision.get("holders", {})
+    first_of = {sig: int(holders.get(sig, min(rs))) for sig, rs in groups.items()}
+    everything = fetch_all  # then every rank published its record
     wanted = [r for r in arrived if r != rank and (everything or first_of[signature_of[r]] == r)]
     kind = str(decision.get("kind", "complete"))
     if kind != "complete":  # a late reader: the owners may have cleared their keys since
@@ -393,7 +466,7 @@ def _result(
         if r == rank:
             records.append(record)
         elif r in received:
-            records.append(decode(received[r]))
+            records.append(dict(decode(received[r]), rank=r))
         else:
             sig = signature_of[r]
             same_as = first_of[sig] if first_of[sig] != r else None

@@ -120,7 +120,7 @@ class Session:
         info = {"label": label, "mode": declared, "raised": record.get("exception")}
         # rank 0 writes the merged report: it fetches every record (up to FETCH_ALL_MAX ranks)
         result = exchange.exchange(
-            record, key, timeout, fetch_all=self.rank == 0, info=info, leave=interrupted
+            record, key, timeout, info=info, leave=interrupted, report_all=self.rank == 0
         )
         if where is not None:  # after destroy_process_group(): keep the world size known
             self.world_size = result.world_size
