@@ -563,7 +563,7 @@ def main() -> int:
         "scale": (
             lambda: run_json(
                 "bench_scale.py",
-                ["--worlds", "256,4096" if q else "256,1024,4096", "--epochs", "50" if q else "200"],
+                ["--worlds", "256,4096" if q else "256,1024,4096", "--epochs", "200"],
                 child_env(PYTHONPATH=str(benchlib.ROOT)),
                 timeout=3600,
             ),
