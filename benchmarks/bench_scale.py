@@ -175,6 +175,8 @@ def main() -> None:
     parser.add_argument("--tag", default="scale")
     parser.add_argument("--worlds", default="256,1024,4096")
     parser.add_argument("--epochs", type=int, default=200)
+    parser.add_argument("--epoch-events", type=int, default=20, help="per-epoch records: small")
+    parser.add_argument("--scale-rounds", type=int, default=2, help="round 0 warms up")
     args = parser.parse_args()
     if args.client:
         client(args)
@@ -186,12 +188,15 @@ def main() -> None:
         for groups in (1, 8):
             tag = f"w{world}g{groups}"
             out["worlds"].append(
-                measure(port, server, world, args.procs, groups, args.events, 3, tag)
+                measure(
+                    port, server, world, args.procs, groups, args.events, args.scale_rounds, tag
+                )
             )
-    epochs = measure(port, server, 256, args.procs, 1, args.events, args.epochs, "epochs")
+    epochs = measure(port, server, 256, args.procs, 1, args.epoch_events, args.epochs, "epochs")
     out["epochs"] = {
         "world": 256,
         "epochs": args.epochs,
+        "events": args.epoch_events,
         "bytes": [r["bytes"] for r in epochs["rounds"]],
         "keys": [r["keys"] for r in epochs["rounds"]],
         "rank0_exit_s": [r["rank0"]["exit_s"] for r in epochs["rounds"]],
