@@ -381,3 +381,21 @@ def test_findings_only_a_rank_file_has_are_merged_into_report_json(tmp_path: Pat
     report = load_report_dir(tmp_path / "r")
     assert report.verdict == "error"
     assert [f.ranks for f in report.findings if f.kind == "worker-duplicate-stream"] == [[1]]
+
+
+def test_same_as_entries_of_report_json_are_filled_from_the_rank_files(tmp_path: Path) -> None:
+    event = {"seq": 1, "generator": "torch.default_generator", "op": "aten.rand"}
+    rep = {"rank": 0, "events": [event]}
+    merged = {
+        "schema_version": 1,
+        "run_id": "run-a",
+        "verdict": "ok",
+        "world_size": 2,
+        "findings": [],
+        "ranks": [rep, {"rank": 1, "signature": "s", "same_as": 0, "events": []}],
+    }
+    write(tmp_path, "report.json", merged)
+    write(tmp_path, "rank-0.json", rank_doc(0, record=rep))
+    write(tmp_path, "rank-1.json", rank_doc(1, record={"rank": 1, "events": [event]}))
+    report = load_report_dir(tmp_path)
+    assert report.ranks == [rep, {"rank": 1, "events": [event]}]
