@@ -147,7 +147,7 @@ def measure(port: int, store: Any, world: int, procs: int, groups: int, events: 
         while int(store.add(f"bench/done/{i}", 0)) < procs:
             time.sleep(0.005)
         held.append(store_bytes(store))
-    results = [benchlib.last_json(c.communicate(timeout=600)[0]) for c in children]
+    results = [benchlib.last_json(c.communicate(timeout=3600)[0]) for c in children]
     per_round = []
     for i in range(rounds):
         exits = sorted(x for r in results for x in r["rounds"][i]["exits"])
