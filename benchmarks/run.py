@@ -489,6 +489,41 @@ def rows_report(r: dict[str, Any]) -> list[Row]:
     ]
 
 
+def rows_scale(r: dict[str, Any]) -> list[Row]:
+    rows: list[Row] = []
+    for w in r["worlds"]:
+        last = w["rounds"][-1]  # round 0 pays first-use costs
+        target = {1: 1.0, 8: 2.0}.get(w["groups"]) if w["world"] == 4096 else None
+        exit0 = last["rank0"]["exit_s"]
+        rows.append(
+            (
+                f"Scale: TCPStore, {w['world']} ranks ({w['procs']} processes), "
+                f"{w['groups']} signature group(s), {r['events']} events/rank: rank-0 exit",
+                "-",
+                ms(exit0),
+                f"exchange {ms(last['rank0']['exchange_s'])}, write "
+                f"{ms(last['rank0']['write_s'])}; every rank: median {ms(last['exit_median_s'])}"
+                f", max {ms(last['exit_max_s'])}; store {kib(last['bytes'])} in "
+                f"{last['keys']} keys",
+                f"< {target:g} s" if target else "-",
+                met(exit0 < target) if target else met(None),
+            )
+        )
+    e = r["epochs"]
+    rows.append(
+        (
+            f"  {e['epochs']} consecutive exchanges, {e['world']} ranks: store bytes after "
+            "each (first / max / last)",
+            "-",
+            f"{kib(e['bytes'][0])} / {kib(max(e['bytes']))} / {kib(e['bytes'][-1])}",
+            f"keys {e['keys'][0]} -> {e['keys'][-1]}",
+            "constant",
+            met(max(e["bytes"]) <= 1.1 * e["bytes"][0]),
+        )
+    )
+    return rows
+
+
 def table(rows: list[Row]) -> str:
     head = ("Measurement", "Unaudited", "Audited", "Ratio / added", "Target", "Met")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -530,7 +565,9 @@ def machine() -> str:
 
 # --------------------------------------------------------------------------- main
 
-SECTIONS = ("startup", "draws", "prepare", "after", "epochs", "compare", "exchange", "report")
+SECTIONS = (
+    "startup", "draws", "prepare", "after", "epochs", "compare", "exchange", "report", "scale",
+)  # fmt: skip
 
 
 def main() -> int:
@@ -573,6 +610,15 @@ def main() -> int:
         ),
         "exchange": (lambda: bench_exchange([2, 4, 8], 200, 3, tmp), rows_exchange),
         "report": (lambda: run_json("bench_report.py", [], env), rows_report),
+        "scale": (
+            lambda: run_json(
+                "bench_scale.py",
+                ["--worlds", "256,4096" if q else "256,1024,4096", "--epochs", "200"],
+                child_env(PYTHONPATH=str(benchlib.ROOT)),
+                timeout=3600,
+            ),
+            rows_scale,
+        ),
     }
     results: dict[str, Any] = {}
     rows: list[Row] = []

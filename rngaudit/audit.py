@@ -143,15 +143,21 @@ class Audit(ContextDecorator):
             loaders,
             {"entry": self._entry, "exit": exit_states},
             from_start=False,
-            exception=exc_type.__name__ if exc_type is not None else None,
+            exception=describe_exception(exc_type, exc),
         )
+        interrupted = exc_type is not None and not issubclass(exc_type, Exception)
         try:
             self.report = self._session.conclude(
-                self._index, self._label, record, self.settings.timeout
+                self._index,
+                self._label,
+                record,
+                self.settings.timeout,
+                strict=self.settings.strict,
+                interrupted=interrupted,
             )
-        except Exception:
+        except BaseException as failure:
             epoch_check.GUARD.leave(self._watch, [])
-            if exc_type is not None:
+            if exc_type is not None and isinstance(failure, Exception):
                 log.warning("rngaudit: could not conclude the audit", exc_info=True)
                 return None  # the user's exception propagates unchanged
             raise
@@ -161,7 +167,8 @@ class Audit(ContextDecorator):
         epoch_check.GUARD.leave(self._watch, [] if reported else built)
         try:
             if exc_type is None:
-                act(self.report, self.settings.mode, self.settings.strict)
+                strict = bool(self.report.audits[-1].get("strict", self.settings.strict))
+                act(self.report, self.report.mode, strict)
         finally:
             # Worker findings are local to this rank: reported, never part of the shared verdict
             # (a confirmed duplicate stream raises from the loader's first batch instead).
@@ -178,6 +185,16 @@ def _deferred_kind(func: Callable[..., Any]) -> str:
     if inspect.isgeneratorfunction(func):
         return "the generator function"
     return ""
+
+
+def describe_exception(
+    exc_type: type[BaseException] | None, exc: BaseException | None
+) -> str | None:
+    """``ValueError: message`` (cut to 300 characters) for the rank record, None without one."""
+    if exc_type is None:
+        return None
+    text = f"{exc_type.__name__}: {exc}" if str(exc) else exc_type.__name__
+    return text if len(text) <= 300 else text[:299] + "…"
 
 
 def _worker_monitor(sess: session.Session, seen: list[Finding], settings: config.Settings) -> Any:

@@ -114,7 +114,7 @@ def signature(record: dict[str, Any]) -> str:
     """
     events = [
         (
-            e.get("audit"), e.get("generator"), e.get("op"), e.get("kind"), e.get("phase"),
+            e.get("generator"), e.get("op"), e.get("kind"), e.get("phase"),
             e.get("count"), e.get("fingerprint"), e.get("sampler"),
             (e.get("call_site") or {}).get("file"), (e.get("call_site") or {}).get("line"),
             (e.get("user_call_site") or {}).get("file"),
@@ -154,6 +154,8 @@ class _Groups:
 
 
 def _pre_iteration(record: dict[str, Any], audit: int) -> list[dict[str, Any]]:
+    # each rank numbers its own audits: a record says which of its audits it is
+    audit = int(record.get("audit_index", audit))
     events = [
         e
         for e in record.get("events", [])
@@ -202,12 +204,120 @@ def _origin(records: list[dict[str, Any]], groups: _Groups) -> list[str]:
     return []
 
 
+MODE_ORDER = ("report", "warn", "raise")  # weakest first: every rank acts on the strictest
+
+
+def strictest(modes: list[str], default: str) -> tuple[str, bool]:
+    """(mode, strict) every rank acts on, from the modes the ranks declared (``warn+strict``)."""
+    names = [m.split("+", 1)[0] for m in modes if m] or [default]
+    known = [m for m in names if m in MODE_ORDER] or [default]
+    return max(known, key=MODE_ORDER.index), any(m.endswith("+strict") for m in modes)
+
+
+def protocol(
+    kind: str,
+    audits: dict[str, dict[str, Any]],
+    modes: dict[str, list[int]],
+    raised: dict[int, str],
+    interrupted: list[int],
+    audit: int = 0,
+) -> list[Finding]:
+    """Findings about the exchange itself: ranks in different audits, in different modes,
+    a rank whose block raised, a rank interrupted. The same on every rank: they come from the
+    one decision every rank reads."""
+    out: list[Finding] = []
+    if kind == "interrupted":
+        out.append(
+            Finding(
+                kind=fk.RANK_INTERRUPTED,
+                severity="error",
+                message=f"Rank {format_ranks(interrupted)} was interrupted (KeyboardInterrupt) "
+                "during the audit; the exchange was abandoned and nothing was compared.",
+                ranks=list(interrupted),
+                remedy="Stop every rank (the launcher does when one exits), or rerun.",
+                audit=audit,
+            )
+        )
+    if kind == "mismatch" and audits:
+        parts = [
+            f"{_who(_span_ranks(v['ranks']))} at {v['label'] or key}"
+            for key, v in sorted(audits.items(), key=lambda kv: _span_ranks(kv[1]["ranks"]))
+        ]
+        out.append(
+            Finding(
+                kind=fk.AUDIT_MISMATCH,
+                severity="warning",
+                message="The ranks were in different audits when they exchanged: "
+                + "; ".join(parts)
+                + ". An audit opened on some ranks only (say under `if is_main_process:`) "
+                "has nothing to be compared with; these windows were not compared.",
+                ranks=sorted(r for v in audits.values() for r in _span_ranks(v["ranks"])),
+                remedy="Open every audit on every rank (the same blocks in the same order), or "
+                "keep rank-specific code outside audited blocks.",
+                audit=audit,
+                details={
+                    "audits": {
+                        str(v["label"] or key): _span_ranks(v["ranks"]) for key, v in audits.items()
+                    }
+                },
+            )
+        )
+    if len(modes) > 1:
+        mode, strict = strictest(list(modes), "raise")
+        acting = mode + (" (strict)" if strict else "")
+        out.append(
+            Finding(
+                kind=fk.MODE_MISMATCH,
+                severity="warning",
+                message="The ranks audit in different modes ("
+                + "; ".join(f"{_who(rs)}: {m}" for m, rs in sorted(modes.items()))
+                + f"); every rank acts on the strictest, {acting}.",
+                ranks=sorted(r for rs in modes.values() for r in rs),
+                remedy="Give every rank the same mode= (and strict=), or the same RNGAUDIT value.",
+                audit=audit,
+                details={"modes": {m: rs for m, rs in sorted(modes.items())}},
+            )
+        )
+    for rank, text in sorted(raised.items()):
+        if text.startswith("KeyboardInterrupt") and kind == "interrupted":
+            continue
+        out.append(
+            Finding(
+                kind=fk.RANK_RAISED,
+                severity="error",
+                message=f"Rank {rank} raised {text} inside the audited block; its draws stop "
+                "there, so they were not compared with the other ranks'.",
+                ranks=[rank],
+                remedy="See that rank's traceback: the exception propagates unchanged there.",
+                audit=audit,
+                details={"exception": text},
+            )
+        )
+    return out
+
+
+def _span_ranks(spans: Any) -> list[int]:
+    """Rank lists as the decision carries them (``[[lo, hi], ...]``) or plain."""
+    out: list[int] = []
+    for item in spans:
+        if isinstance(item, list):
+            out.extend(range(int(item[0]), int(item[1]) + 1))
+        else:
+            out.append(int(item))
+    return sorted(out)
+
+
+def _who(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}"
+
+
 def compare(
     records: list[dict[str, Any]],
     world_size: int,
     missing: list[int],
     audit: int = 0,
     timeout: float | None = None,
+    arrived: list[int] | None = None,
 ) -> list[Finding]:
     """Every finding for one audit, from the records of the ranks that arrived.
 
@@ -216,7 +326,7 @@ def compare(
     records = sorted(records, key=lambda r: int(r["rank"]))
     out: list[Finding] = []
     if missing:
-        arrived = [int(r["rank"]) for r in records]
+        arrived = sorted(arrived) if arrived is not None else [int(r["rank"]) for r in records]
         waited = f" within {timeout:g} s" if timeout is not None else ""
         out.append(
             Finding(

@@ -268,7 +268,10 @@ class EpochGuard:
                 record["rank"] = where[0]
             else:
                 record["rank"] = 0
-            result = exchange.exchange(record, key, watch.settings.timeout, fetch_all=True)
+            info = {"label": f"order check of {record['loader']}", "mode": watch.settings.mode}
+            result = exchange.exchange(
+                record, key, watch.settings.timeout, fetch_all=True, info=info
+            )
             found = epoch_rules.compare(result.records, result.missing, watch.settings.timeout)
         except Exception:
             log.warning("rngaudit: the order check could not exchange", exc_info=True)

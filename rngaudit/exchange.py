@@ -2,26 +2,39 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
+import threading
 import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 KEY_PREFIX = "rngaudit"
+SLICE = 0.2  # seconds per wait: a KeyboardInterrupt surfaces within one slice
+GRACE = 1.0  # the others wait this much longer than rank 0 before deciding without it
+FETCH_ALL_MAX = 64  # above this world size rank 0 fetches one record per group, like the others
+WAITING = f"{KEY_PREFIX}/waiting"  # how many ranks are inside an exchange now
 
 
 @dataclass
 class Exchanged:
-    """What came back: the records of the ranks that arrived, and who did not."""
+    """What came back: the records of the ranks that arrived, who did not, and what the
+    ranks declared (mode, an exception raised in the block, which audit they were at)."""
 
     records: list[dict[str, Any]]
     world_size: int
     rank: int
     missing: list[int]
     waited: float
+    arrived: list[int] = field(default_factory=list)
+    kind: str = "complete"  # complete | abandoned | mismatch | interrupted
+    modes: dict[str, list[int]] = field(default_factory=dict)  # "raise", "warn+strict", ...
+    raised: dict[int, str] = field(default_factory=dict)  # rank -> "ValueError: message"
+    audits: dict[str, dict[str, Any]] = field(default_factory=dict)  # mismatch: key -> where
+    interrupted: list[int] = field(default_factory=list)
 
 
 def process_group() -> tuple[int, int] | None:
@@ -57,59 +70,45 @@ def decode(payload: bytes) -> dict[str, Any]:
     return data
 
 
-def exchange(
-    record: dict[str, Any], key: str, timeout: float, fetch_all: bool = False
-) -> Exchanged:
-    """Publish this rank's record under ``key`` and collect the others', within ``timeout``.
+def audit_key(label: str, occurrence: int) -> str:
+    """The exchange key of the ``occurrence``-th audit opened at ``label`` on a rank."""
+    digest = hashlib.blake2b(label.encode("utf-8"), digest_size=8).hexdigest()
+    return f"a/{digest}/{occurrence}"
 
-    Works for any backend (gloo, nccl): the data goes through the store, not a collective,
-    so a missing rank cannot hang the others and can be named. Each rank publishes its
-    record, then its signature (``record["signature"]``); ranks wait for the signatures and
-    fetch full records only from the lowest rank of each signature group, unless
-    ``fetch_all`` (rank 0, which writes the merged report). The ranks not fetched come back
-    as stubs ``{"rank", "signature", "same_as", "events": []}``: equal signatures mean equal
-    records for the comparison.
-    """
-    where = distributed()
-    if where is None:
-        return Exchanged([record], 1, 0, [], 0.0)
-    rank, world = where
-    store = _store()
-    rec_keys = [f"{KEY_PREFIX}/{key}/record/{r}" for r in range(world)]
-    sig_keys = [f"{KEY_PREFIX}/{key}/signature/{r}" for r in range(world)]
-    signature = str(record.get("signature", ""))
-    store.set(rec_keys[rank], encode(record))
-    store.set(sig_keys[rank], signature.encode())  # after the record: a signature means both
-    start = time.monotonic()
-    others = [r for r in range(world) if r != rank]
-    try:
-        store.wait([sig_keys[r] for r in others], timedelta(seconds=timeout))
-        missing: list[int] = []
-    except Exception:  # the store's timeout (DistStoreError): find out who is missing
-        missing = [r for r in others if not store.check([sig_keys[r]])]
-    arrived = [r for r in others if r not in missing]
-    signatures = {
-        r: bytes(v).decode()
-        for r, v in zip(arrived, _get_all(store, [sig_keys[r] for r in arrived]), strict=True)
-    }
-    signatures[rank] = signature
-    first_of: dict[str, int] = {}
-    for r in sorted(signatures):
-        first_of.setdefault(signatures[r], r)
-    wanted = [r for r in arrived if fetch_all or not signature or first_of[signatures[r]] == r]
-    received = dict(zip(wanted, _get_all(store, [rec_keys[r] for r in wanted]), strict=True))
-    records: list[dict[str, Any]] = []
-    for r in sorted(signatures):
-        if r == rank:
-            records.append(record)
-        elif r in received:
-            records.append(decode(received[r]))
+
+def ranges(ranks: list[int]) -> list[list[int]]:
+    """``[[0, 4095]]`` for ranks 0..4095: compact rank lists for the decision key."""
+    out: list[list[int]] = []
+    for r in sorted(set(ranks)):
+        if out and out[-1][1] == r - 1:
+            out[-1][1] = r
         else:
-            same_as = first_of[signatures[r]]
-            records.append(
-                {"rank": r, "signature": signatures[r], "same_as": same_as, "events": []}
-            )
-    return Exchanged(records, world, rank, missing, time.monotonic() - start)
+            out.append([r, r])
+    return out
+
+
+def unranges(spans: list[list[int]]) -> list[int]:
+    return [r for lo, hi in spans for r in range(int(lo), int(hi) + 1)]
+
+
+class _Keys:
+    """Store keys of one exchange."""
+
+    def __init__(self, key: str) -> None:
+        self.base = f"{KEY_PREFIX}/{key}"
+        self.decision = f"{self.base}/decision"
+        self.count = f"{self.base}/count"
+        self.all = f"{self.base}/all"
+
+    def record(self, rank: int) -> str:
+        return f"{self.base}/record/{rank}"
+
+    def arrival(self, rank: int) -> str:
+        return f"{self.base}/arrival/{rank}"
+
+
+def _position(rank: int) -> str:
+    return f"{KEY_PREFIX}/at/{rank}"  # one slot per rank, overwritten: the exchange it is in
 
 
 def _get_all(store: Any, keys: list[str]) -> list[bytes]:
@@ -118,3 +117,375 @@ def _get_all(store: Any, keys: list[str]) -> list[bytes]:
     if hasattr(store, "multi_get"):
         return list(store.multi_get(keys))
     return [store.get(k) for k in keys]
+
+
+class _Waiter:
+    """Waits for one key on a clone of the store, in a daemon thread, so the caller can wait in
+    short slices (a KeyboardInterrupt surfaces within one) without a store timeout, which c10d
+    logs as a warning, at every slice. Without ``clone()``, it polls ``check`` each slice."""
+
+    _idle: ClassVar[dict[int, list[Any]]] = {}  # free clones per store (id)
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, store: Any, key: str, seconds: float) -> None:
+        self.store, self.key = store, key
+        self.done = threading.Event()
+        self.found = False
+        self.clone: Any = None
+        if hasattr(store, "clone"):
+            with self._lock:
+                idle = self._idle.setdefault(id(store), [])
+                self.clone = idle.pop() if idle else None
+            try:
+                self.clone = self.clone or store.clone()
+            except Exception:
+                self.clone = None
+        if self.clone is not None:
+            threading.Thread(target=self._run, args=(seconds,), daemon=True).start()
+
+    def _run(self, seconds: float) -> None:
+        try:
+            self.clone.wait([self.key], timedelta(seconds=max(0.001, seconds)))
+            self.found = True
+        except Exception:  # the store's timeout
+            self.found = False
+        with self._lock:
+            self._idle.setdefault(id(self.store), []).append(self.clone)
+        self.done.set()
+
+    def wait(self, seconds: float) -> bool:
+        """True once the wait ended (then ``found`` says how); False after ``seconds``."""
+        if self.clone is not None:
+            return self.done.wait(max(0.0, seconds))
+        if self.store.check([self.key]):
+            self.found = True
+            return True
+        time.sleep(max(0.0, seconds))
+        return False
+
+
+def _decide(store: Any, keys: _Keys, decision: dict[str, Any]) -> dict[str, Any]:
+    """Write ``decision`` unless one exists; every rank then reads the one that won."""
+    value = json.dumps(decision, sort_keys=True)
+    won = store.compare_set(keys.decision, "", value)
+    return dict(json.loads(bytes(won).decode()))
+
+
+def _read_decision(store: Any, keys: _Keys) -> dict[str, Any] | None:
+    if not store.check([keys.decision]):
+        return None
+    return dict(json.loads(bytes(store.get(keys.decision)).decode()))
+
+
+class Pending:
+    """Keys a rank published, deleted once no rank can need them (see :func:`exchange`)."""
+
+    def __init__(self) -> None:
+        self.last: list[str] = []  # the previous completed exchange's keys this rank deletes
+        self.stray: list[str] = []  # keys of exchanges that did not complete
+
+
+PENDING: dict[tuple[int, int], Pending] = {}  # per (store id, rank), in this process
+
+
+def publish(
+    store: Any,
+    rank: int,
+    world: int,
+    key: str,
+    record: dict[str, Any],
+    info: dict[str, Any],
+    everyone: bool = False,
+    payload: bytes | None = None,
+) -> list[str]:
+    """Put this rank's arrival (signature, mode, label, exception) in the store, and its record
+    when it is the first of its signature group to claim it (or ``everyone`` publishes, or the
+    world is at most ``FETCH_ALL_MAX``). Returns the keys this rank wrote for the exchange."""
+    keys = _Keys(key)
+    signature = str(record.get("signature", ""))
+    written = [keys.arrival(rank)]
+    holds = everyone or world <= FETCH_ALL_MAX
+    if not holds:  # one record per signature group in the store, not one per rank
+        claim = f"{keys.base}/claim/{signature}"
+        holds = bytes(store.compare_set(claim, "", str(rank))) == str(rank).encode()
+        if holds:
+            written.append(claim)
+    if holds:
+        store.set(keys.record(rank), payload if payload is not None else encode(record))
+        written.append(keys.record(rank))
+    arrival = dict(info, signature=signature, holds=holds)
+    store.set(keys.arrival(rank), json.dumps(arrival, sort_keys=True))  # after the record
+    store.set(_position(rank), json.dumps({"key": key, "label": info.get("label", "")}))
+    store.add(WAITING, 1)
+    if store.add(keys.count, 1) == world:
+        store.set(keys.all, b"1")
+    return written
+
+
+def exchange(
+    record: dict[str, Any],
+    key: str,
+    timeout: float,
+    fetch_all: bool = False,
+    info: dict[str, Any] | None = None,
+    leave: bool = False,
+    report_all: bool = False,
+) -> Exchanged:
+    """Publish this rank's record under ``key`` and collect the others', within ``timeout``.
+
+    Works for any backend (gloo, nccl): the data goes through the store, not a collective,
+    so a missing rank cannot hang the others and can be named. Rank 0 decides: when every
+    rank arrived (or at the timeout, or when the ranks wait in different audits) it writes one
+    decision key with ``compare_set``; the others wait for it (``timeout`` + 1 s, then the
+    first of them decides instead, with the same ``compare_set``), and a rank arriving after a
+    decision adopts it. Every rank acts on that one decision: the same verdict everywhere.
+
+    The store holds one full record per signature group (the first rank to claim the group
+    publishes it; every rank up to ``FETCH_ALL_MAX`` ranks, or with ``fetch_all``), and ranks
+    fetch only those, unless ``fetch_all`` (every rank passes it: the order check) or
+    ``report_all`` (rank 0, for the merged report, up to ``FETCH_ALL_MAX`` ranks); the others
+    come back as stubs ``{"rank", "signature", "same_as", "events": []}``. ``leave``: publish
+    and return at once, telling the others this rank was interrupted (a KeyboardInterrupt).
+    """
+    where = distributed()
+    if where is None:
+        return Exchanged([record], 1, 0, [], 0.0, arrived=[0])
+    rank, world = where
+    return exchange_on(
+        _store(), rank, world, record, key, timeout, fetch_all, info, leave, report_all
+    )
+
+
+def exchange_on(
+    store: Any,
+    rank: int,
+    world: int,
+    record: dict[str, Any],
+    key: str,
+    timeout: float,
+    fetch_all: bool = False,
+    info: dict[str, Any] | None = None,
+    leave: bool = False,
+    report_all: bool = False,
+    payload: bytes | None = None,
+) -> Exchanged:
+    """:func:`exchange` through a given store, as ``rank`` of ``world`` (the benchmark
+    simulates thousands of ranks this way; ``payload``: the record already encoded)."""
+    start = time.monotonic()
+    written = publish(store, rank, world, key, record, dict(info or {}), fetch_all, payload)
+    every = fetch_all or (report_all and world <= FETCH_ALL_MAX)
+    return collect(store, rank, world, record, key, timeout, every, leave, start, written)
+
+
+def collect(
+    store: Any,
+    rank: int,
+    world: int,
+    record: dict[str, Any],
+    key: str,
+    timeout: float,
+    fetch_all: bool = False,
+    leave: bool = False,
+    start: float | None = None,
+    written: list[str] | None = None,
+) -> Exchanged:
+    """The second half of :func:`exchange_on`: wait for the decision, fetch, clean up
+    (``written``: the keys :func:`publish` wrote, deleted after the next complete exchange)."""
+    start = time.monotonic() if start is None else start
+    keys = _Keys(key)
+    pending = PENDING.setdefault((id(store), rank), Pending())
+    try:
+        if leave:
+            decision = _decide(store, keys, {"kind": "interrupted", "by": rank, "ranks": {}})
+        else:
+            try:
+                decision = _await_decision(store, keys, key, rank, world, timeout, start)
+            except KeyboardInterrupt:
+                _decide(store, keys, {"kind": "interrupted", "by": rank, "ranks": {}})
+                raise
+    finally:
+        store.add(WAITING, -1)
+    result = _result(store, keys, decision, record, rank, world, fetch_all, start)
+    mine = list(written if written is not None else [keys.record(rank), keys.arrival(rank)])
+    if decision["kind"] == "complete":
+        # every rank arrived here, so every rank has read the previous exchange: clear it
+        _delete(store, pending.last + pending.stray)
+        pending.stray = []
+        pending.last = mine + ([keys.decision, keys.count, keys.all] if rank == 0 else [])
+    else:  # the decision stays for late arrivals; the records go after the next complete one
+        pending.stray += mine
+    return result
+
+
+def _delete(store: Any, keys: list[str]) -> None:
+    for k in keys:
+        try:
+            store.delete_key(k)
+        except Exception:  # a store without delete_key (old torch): leave it
+            return
+
+
+def _await_decision(
+    store: Any, keys: _Keys, key: str, rank: int, world: int, timeout: float, start: float
+) -> dict[str, Any]:
+    decision = _read_decision(store, keys)
+    if decision is not None:
+        return decision  # arrived after the others decided (timed out, interrupted)
+    if rank == 0:
+        waiter = _Waiter(store, keys.all, timeout - (time.monotonic() - start))
+        while True:
+            if waiter.wait(SLICE) and waiter.found:
+                return _decide(store, keys, _complete(store, keys, world))
+            decision = _read_decision(store, keys)
+            if decision is not None:
+                return decision
+            mismatch = _mismatch(store, keys, key, world)
+            if mismatch is not None:
+                return mismatch
+            if time.monotonic() - start >= timeout:
+                return _decide(store, keys, _abandoned(store, keys, world, rank))
+    waiter = _Waiter(store, keys.decision, timeout + GRACE - (time.monotonic() - start))
+    while True:
+        if waiter.wait(SLICE) and waiter.found:
+            decision = _read_decision(store, keys)
+            assert decision is not None
+            return decision
+        if time.monotonic() - start >= timeout + GRACE:  # rank 0 is missing: decide without it
+            return _decide(store, keys, _abandoned(store, keys, world, rank))
+
+
+def _table(store: Any, keys: _Keys, ranks: list[int]) -> dict[str, Any]:
+    """Signature groups, modes and exceptions of ``ranks`` (all arrived at ``keys``)."""
+    groups: dict[str, list[int]] = {}
+    holders: dict[str, int] = {}
+    modes: dict[str, list[int]] = {}
+    raised: dict[str, str] = {}
+    values = _get_all(store, [keys.arrival(r) for r in ranks])
+    for r, value in zip(ranks, values, strict=True):
+        arrival = json.loads(bytes(value).decode())
+        sig = str(arrival.get("signature", ""))
+        groups.setdefault(sig, []).append(r)
+        if arrival.get("holds", True) and sig not in holders:
+            holders[sig] = r  # the lowest rank whose record is in the store
+        modes.setdefault(str(arrival.get("mode", "")), []).append(r)
+        if arrival.get("raised"):
+            raised[str(r)] = str(arrival["raised"])
+    return {
+        "ranks": {sig: ranges(rs) for sig, rs in groups.items()},
+        "holders": holders,
+        "modes": {mode: ranges(rs) for mode, rs in modes.items()},
+        "raised": raised,
+    }
+
+
+def _complete(store: Any, keys: _Keys, world: int) -> dict[str, Any]:
+    return dict(_table(store, keys, list(range(world))), kind="complete", by=0)
+
+
+def _arrived(store: Any, keys: _Keys, world: int) -> list[int]:
+    return [r for r in range(world) if store.check([keys.arrival(r)])]
+
+
+def _abandoned(store: Any, keys: _Keys, world: int, rank: int) -> dict[str, Any]:
+    arrived = _arrived(store, keys, world)
+    missing = [r for r in range(world) if r not in arrived]
+    if not missing:  # everyone came in the last moment
+        return dict(_complete(store, keys, world), by=rank)
+    table = _table(store, keys, arrived)
+    return dict(table, kind="abandoned", by=rank, missing=ranges(missing))
+
+
+def _mismatch(store: Any, keys: _Keys, key: str, world: int) -> dict[str, Any] | None:
+    """Rank 0, between slices: when every rank waits in an exchange and some wait in another
+    (an audit opened on some ranks only), nobody can progress: decide that now."""
+    if int(store.add(WAITING, 0)) < world:
+        return None
+    arrived = set(_arrived(store, keys, world))
+    others = [r for r in range(world) if r not in arrived]
+    if not others or not store.check([_position(r) for r in others]):
+        return None
+    where: dict[str, dict[str, Any]] = {}
+    for r, value in zip(others, _get_all(store, [_position(r) for r in others]), strict=True):
+        pos = json.loads(bytes(value).decode())
+        entry = where.setdefault(str(pos["key"]), {"label": pos.get("label", ""), "ranks": []})
+        entry["ranks"].append(r)
+    if key in where:
+        return None  # arrived meanwhile
+    for other in where:
+        if _read_decision(store, _Keys(other)) is not None:
+            return None  # it already left that exchange
+    own = _read_arrival_label(store, keys, 0)
+    where[key] = {"label": own, "ranks": sorted(arrived)}
+    # A strict majority in one audit keeps waiting there (the others join it next); every
+    # other audit is decided now, with the same description everywhere.
+    biggest = max(where, key=lambda k: (len(where[k]["ranks"]), k))
+    keep = biggest if len(where[biggest]["ranks"]) * 2 > world else None
+    audits = {k: {"label": v["label"], "ranks": ranges(v["ranks"])} for k, v in where.items()}
+    mine: dict[str, Any] | None = None
+    for other, entry in where.items():
+        if other == keep:
+            continue
+        other_keys = _Keys(other)
+        decision = dict(
+            _table(store, other_keys, entry["ranks"]), kind="mismatch", by=0, audits=audits
+        )
+        won = _decide(store, other_keys, decision)
+        if other == key:
+            mine = won
+    return mine
+
+
+def _read_arrival_label(store: Any, keys: _Keys, rank: int) -> str:
+    arrival = json.loads(bytes(store.get(keys.arrival(rank))).decode())
+    return str(arrival.get("label", ""))
+
+
+def _result(
+    store: Any,
+    keys: _Keys,
+    decision: dict[str, Any],
+    record: dict[str, Any],
+    rank: int,
+    world: int,
+    fetch_all: bool,
+    start: float,
+) -> Exchanged:
+    groups = {sig: unranges(spans) for sig, spans in decision.get("ranks", {}).items()}
+    signature_of = {r: sig for sig, rs in groups.items() for r in rs}
+    arrived = sorted(signature_of)
+    holders = decision.get("holders", {})
+    first_of = {sig: int(holders.get(sig, min(rs))) for sig, rs in groups.items()}
+    everything = fetch_all  # then every rank published its record
+    wanted = [r for r in arrived if r != rank and (everything or first_of[signature_of[r]] == r)]
+    kind = str(decision.get("kind", "complete"))
+    if kind != "complete":  # a late reader: the owners may have cleared their keys since
+        wanted = [r for r in wanted if store.check([keys.record(r)])]
+    received = dict(zip(wanted, _get_all(store, [keys.record(r) for r in wanted]), strict=True))
+    records: list[dict[str, Any]] = []
+    for r in arrived:
+        if r == rank:
+            records.append(record)
+        elif r in received:
+            records.append(dict(decode(received[r]), rank=r))
+        else:
+            sig = signature_of[r]
+            same_as = first_of[sig] if first_of[sig] != r else None
+            records.append({"rank": r, "signature": sig, "same_as": same_as, "events": []})
+    missing = unranges(decision.get("missing", []))
+    if kind == "complete":
+        missing = []
+    elif kind == "abandoned" and rank not in arrived and rank not in missing:
+        missing = sorted([*missing, rank])
+    return Exchanged(
+        records=records,
+        world_size=world,
+        rank=rank,
+        missing=missing,
+        waited=time.monotonic() - start,
+        arrived=arrived,
+        kind=kind,
+        modes={m: unranges(spans) for m, spans in decision.get("modes", {}).items()},
+        raised={int(r): str(text) for r, text in decision.get("raised", {}).items()},
+        audits=dict(decision.get("audits", {})),
+        interrupted=[int(decision["by"])] if kind == "interrupted" else [],
+    )

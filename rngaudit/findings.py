@@ -16,6 +16,10 @@ WORKER_DUPLICATE_STREAM = "worker-duplicate-stream"
 PERSISTENT_WORKER_STREAM = "persistent-worker-stream"
 DATASET_DIVERGENCE = "dataset-divergence"
 EPOCH_ORDER_REPEATED = "epoch-order-repeated"
+AUDIT_MISMATCH = "audit-mismatch"
+MODE_MISMATCH = "mode-mismatch"
+RANK_RAISED = "rank-raised"
+RANK_INTERRUPTED = "rank-interrupted"
 
 KINDS = (
     SAMPLER_DRAW_DIVERGENCE,
@@ -26,6 +30,10 @@ KINDS = (
     PERSISTENT_WORKER_STREAM,
     DATASET_DIVERGENCE,
     EPOCH_ORDER_REPEATED,
+    AUDIT_MISMATCH,
+    MODE_MISMATCH,
+    RANK_RAISED,
+    RANK_INTERRUPTED,
 )
 
 

@@ -30,7 +30,15 @@ _RANK_FILE_REQUIRED = {
 }
 _RANK_FILE_OPTIONAL = {"verdict": str, "mode": str, "audits": list}
 _RECORD_REQUIRED = {"rank": int, "events": list}
-_RECORD_OPTIONAL = {"pid": int, "host": str, "states": dict, "loaders": list, "environment": dict}
+_RECORD_OPTIONAL = {
+    "pid": int,
+    "host": str,
+    "states": dict,
+    "loaders": list,
+    "environment": dict,
+    "exception": str,
+    "same_as": int,
+}
 _SITE_OPTIONAL = {"file": str, "line": int, "function": str}
 _SAMPLER_OPTIONAL = {"chain": str, "loader": str, "output_digest": str}
 _LOADER_OPTIONAL = {
@@ -126,6 +134,7 @@ def load_report_dir(path: str | os.PathLike[str]) -> AuditReport:
                     f"run {rank_file.run_id!r}: remove the stale files or use separate directories"
                 )
         _add_rank_local_findings(report, rank_files)
+        _fill_stubs(report, rank_files)
         return report
     if not rank_files:
         raise ReportError(
@@ -133,6 +142,15 @@ def load_report_dir(path: str | os.PathLike[str]) -> AuditReport:
             f"(expected {MERGED_FILE} or {RANK_FILE.format(rank='<R>')})"
         )
     return _merge(rank_files)
+
+
+def _fill_stubs(report: AuditReport, rank_files: list[_RankFile]) -> None:
+    """Above 64 ranks rank 0 keeps only one record per signature group; the ranks' own files
+    hold the others (``same_as`` entries of ``report.json`` are replaced by them)."""
+    own = {rank_file.rank: rank_file.record for rank_file in rank_files}
+    report.ranks = [
+        own.get(int(r["rank"]), r) if r.get("same_as") is not None else r for r in report.ranks
+    ]
 
 
 def _add_rank_local_findings(report: AuditReport, rank_files: list[_RankFile]) -> None:

@@ -21,6 +21,8 @@ from rngaudit.report import AuditReport
 log = logging.getLogger("rngaudit")
 
 EXIT_TIMEOUT = 10.0  # at interpreter exit, ranks wait less for each other
+# The window's last checkpoint pairs across ranks whatever ended it on each rank.
+END_LABELS = ("first DataLoader iteration", "destroy_process_group()", "process exit")
 
 # (module, class, method, label) wrapped so ranks compare when prepare() returns.
 PREPARE_HOOKS = (
@@ -189,7 +191,12 @@ class RunAudit:
             states = {"entry": self.entry, "exit": exit_states}
             record = session.rank_record(label, events, loaders, states, from_start=True)
             report = self.session.conclude(
-                self.index, label, record, timeout or self.settings.timeout
+                self.index,
+                label,
+                record,
+                timeout or self.settings.timeout,
+                strict=self.settings.strict,
+                identity="end of the audit window" if label in END_LABELS else None,
             )
             self.reports.append(report)
             self.index = self.session.reserve()
@@ -197,7 +204,7 @@ class RunAudit:
             self.start_seq = RECORDER.log.next_seq()
             self.entry = exit_states
         if raising:
-            act(report, self.settings.mode)
+            act(report, report.mode, bool(report.audits[-1].get("strict", self.settings.strict)))
 
     def close_window(self, label: str) -> None:
         """Compare once more, then detach from every hot path (the worker check stays)."""

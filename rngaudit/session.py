@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import os
 import random
 import socket
@@ -19,7 +18,6 @@ from rngaudit.recorder import RECORDER
 from rngaudit.report import SCHEMA_VERSION, AuditReport
 
 _private_random = random.Random(os.urandom(8))  # never the user's generators
-_exchange_keys = itertools.count()  # one sequence per process: ranks audit in the same order
 _sessions: dict[Path, Session] = {}
 _lock = threading.Lock()
 
@@ -58,6 +56,7 @@ class Session:
         self.findings: list[Finding] = []
         self.records: dict[int, dict[str, Any]] = {}
         self._next_index = 0
+        self._occurrences: dict[str, int] = {}  # exchanges per audit identity (label)
         self._lock = threading.RLock()
 
     def reserve(self) -> int:
@@ -68,9 +67,24 @@ class Session:
             return index
 
     def conclude(
-        self, index: int, label: str, record: dict[str, Any], timeout: float
+        self,
+        index: int,
+        label: str,
+        record: dict[str, Any],
+        timeout: float,
+        *,
+        strict: bool = False,
+        identity: str | None = None,
+        interrupted: bool = False,
     ) -> AuditReport:
         """Exchange ``record`` with the other ranks, compare, write the files.
+
+        Ranks pair their audits by identity: ``identity`` (default: the label, the call site
+        that opened the audit) and how many times this rank exchanged under it, so an audit
+        opened on some ranks only pairs with nothing and shifts nothing after it. The ranks
+        also exchange their mode: the report's ``mode`` is the strictest, which every rank acts
+        on (``audits[-1]["strict"]`` when any rank is strict). ``interrupted``: this rank is
+        leaving (KeyboardInterrupt): publish, tell the others, do not wait.
 
         When the launcher announced more than one rank (``WORLD_SIZE``) but no process group
         exists yet (Lightning creates it inside ``fit()``), the audit is deferred: its record
@@ -95,25 +109,46 @@ class Session:
         if where is not None:
             self.rank, self.world_size = where
             self.joined = True
-        record = dict(record, rank=self.rank, run_id=self.run_id)
+        record = dict(record, rank=self.rank, run_id=self.run_id, audit_index=index)
         record["signature"] = compare.signature(record)  # lets compare() group equal ranks
-        # exchanges are paired by order: only audits that really exchange count
-        key = f"{next(_exchange_keys)}" if exchange.distributed() is not None else "local"
-        # rank 0 writes the merged report: it fetches every record; the others one per group
-        result = exchange.exchange(record, key, timeout, fetch_all=self.rank == 0)
+        name = identity or label
+        with self._lock:
+            occurrence = self._occurrences.get(name, 0)
+            self._occurrences[name] = occurrence + 1
+        key = exchange.audit_key(name, occurrence) if exchange.distributed() else "local"
+        declared = self.mode + ("+strict" if strict else "")
+        info = {"label": label, "mode": declared, "raised": record.get("exception")}
+        # rank 0 writes the merged report: it fetches every record (up to FETCH_ALL_MAX ranks)
+        result = exchange.exchange(
+            record, key, timeout, info=info, leave=interrupted, report_all=self.rank == 0
+        )
         if where is not None:  # after destroy_process_group(): keep the world size known
             self.world_size = result.world_size
         arrived = sorted(result.records, key=lambda r: int(r["rank"]))
         if arrived and arrived[0].get("run_id"):
             self.run_id = str(arrived[0]["run_id"])  # adopt the lowest rank's run id
-        found = compare.compare(arrived, result.world_size, result.missing, index, timeout)
+        # a rank whose block raised stopped drawing early: compare the others among themselves
+        comparable = [r for r in arrived if int(r["rank"]) not in result.raised]
+        found = compare.protocol(
+            result.kind, result.audits, result.modes, result.raised, result.interrupted, index
+        )
+        if result.kind in ("complete", "abandoned"):
+            found += compare.compare(
+                comparable, result.world_size, result.missing, index, timeout, result.arrived
+            )
+        mode, acting_strict = compare.strictest(list(result.modes) or [declared], self.mode)
         entry: dict[str, Any] = {"index": index, "label": label, "verdict": verdict_of(found)}
+        if len(result.modes) > 1:
+            entry["mode"] = mode  # what every rank acts on
+            entry["strict"] = acting_strict
         if deferred:
             entry["deferred"] = deferred  # audits that waited for the process group
         with self._lock:
             found = [f for f in found if not self._repeats_info(f)]
             for rec in arrived:
                 self._accumulate(rec, index)
+            if self.rank not in {int(r["rank"]) for r in arrived}:
+                self._accumulate(record, index)  # arrived after the decision: still its file
             self.findings.extend(found)
             self.audits.append(entry)
             self.write()
@@ -122,7 +157,7 @@ class Session:
             ranks=arrived,
             world_size=result.world_size,
             run_id=self.run_id,
-            mode=self.mode,
+            mode=mode,
             audits=[self.audits[-1]],
         )
 
@@ -168,6 +203,10 @@ class Session:
         acc.setdefault("loaders", []).extend(
             dict(loader, audit=index) for loader in rec.get("loaders", [])
         )
+        if rec.get("exception"):  # what its block raised (kept: it is why it stopped)
+            acc["exception"] = rec["exception"]
+        if rec.get("same_as") is not None:  # not fetched: equal to that rank's (see its file)
+            acc["same_as"] = rec["same_as"]
         acc["states"] = rec.get("states", {})
         acc["run_id"] = self.run_id
         acc["environment"] = rec.get("environment")

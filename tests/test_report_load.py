@@ -455,3 +455,19 @@ def test_report_json_ranks_must_fit_the_world(tmp_path: Path, rank: int, why: st
     doc["ranks"][1]["rank"] = rank
     write(tmp_path, "report.json", doc)
     assert f"ranks[1] is rank {rank}, which is {why}" in load_error(tmp_path)
+def test_same_as_entries_of_report_json_are_filled_from_the_rank_files(tmp_path: Path) -> None:
+    event = {"seq": 1, "generator": "torch.default_generator", "op": "aten.rand"}
+    rep = {"rank": 0, "events": [event]}
+    merged = {
+        "schema_version": 1,
+        "run_id": "run-a",
+        "verdict": "ok",
+        "world_size": 2,
+        "findings": [],
+        "ranks": [rep, {"rank": 1, "signature": "s", "same_as": 0, "events": []}],
+    }
+    write(tmp_path, "report.json", merged)
+    write(tmp_path, "rank-0.json", rank_doc(0, record=rep))
+    write(tmp_path, "rank-1.json", rank_doc(1, record={"rank": 1, "events": [event]}))
+    report = load_report_dir(tmp_path)
+    assert report.ranks == [rep, {"rank": 1, "events": [event]}]

@@ -1,0 +1,151 @@
+"""Two ranks that break the exchange's protocol on purpose: one scenario per argv[1].
+
+Each rank writes ``result-<rank>.json`` (what every audit said or raised) into argv[2].
+Ranks wait for each other through files (``wait_for``), never for a fixed time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import RandomSampler
+
+import rngaudit
+from rngaudit import exchange
+
+scenario, out = sys.argv[1], Path(sys.argv[2])
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+result: dict[str, Any] = {"rank": rank, "audits": []}
+report_dir = out / "report"
+
+
+def wait_for(name: str, limit: float = 120.0) -> None:
+    """Wait until the other rank wrote ``out/name`` (an event, not a duration)."""
+    deadline = time.monotonic() + limit
+    while not (out / name).exists():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"rank {rank}: {name} never appeared")
+        time.sleep(0.01)
+
+
+def signal_file(name: str, text: str = "") -> None:
+    tmp = out / f".{name}.{rank}"
+    tmp.write_text(text)
+    os.replace(tmp, out / name)
+
+
+class Outcome:
+    """What one audit said or raised, kept in ``result``; ``box.audit(...)`` opens it."""
+
+    def __init__(self, name: str) -> None:
+        self.entry: dict[str, Any] = {"name": name, "raised": None}
+        self.opened: Any = None
+
+    def audit(self, **kw: Any) -> Any:
+        self.opened = rngaudit.audit(report_dir=report_dir, **kw)
+        return self.opened
+
+
+@contextmanager
+def outcome(name: str) -> Iterator[Outcome]:
+    box = Outcome(name)
+    entry = box.entry
+    start = time.monotonic()
+    try:
+        yield box
+    except rngaudit.RNGAuditError as exc:
+        entry["raised"] = type(exc).__name__
+        entry["message"] = str(exc)
+    except (ValueError, KeyboardInterrupt) as exc:
+        entry["raised"] = f"{type(exc).__name__}: {exc}"
+    entry["elapsed"] = time.monotonic() - start
+    entry["caught_at"] = time.time()
+    report = box.opened.report if box.opened is not None else None
+    if report is not None:
+        entry["verdict"] = report.verdict
+        entry["kinds"] = sorted({f.kind for f in report.findings})
+        entry["findings"] = [f.to_dict() for f in report.findings]
+        entry["ranks_with_events"] = [r["rank"] for r in report.ranks if r.get("events")]
+    result["audits"].append(entry)
+
+
+def draws(n: int) -> Any:
+    def body() -> None:
+        for _ in range(n):
+            torch.rand(1)
+
+    return body
+
+
+torch.manual_seed(0)
+# Each audit opens on its own line: its call site is its identity across ranks.
+if scenario == "rank0_only":
+    # Rank 0 audits an evaluation set-up the other rank never runs, then both audit B and C.
+    if rank == 0:
+        with outcome("A") as box, box.audit(mode="warn", timeout=20):  # rank 0 only
+            torch.rand(1)
+    with outcome("B") as box, box.audit(mode="warn", timeout=20):
+        torch.rand(1)
+    with outcome("C") as box, box.audit(mode="warn", timeout=20):
+        draws(1 + rank)()  # rank 1 draws once more
+elif scenario in ("late_rank1", "late_rank0"):
+    late = 1 if scenario == "late_rank1" else 0
+    if rank == late:
+        wait_for("decided")  # arrive just after the other rank gave up on us
+    with outcome("late" if rank == late else "on time") as box, box.audit(timeout=2):
+        torch.rand(1)
+    if rank != late:
+        signal_file("decided")
+elif scenario == "modes":
+    torch.manual_seed(rank)  # the sampler's epoch order differs: an error finding
+    with outcome("modes") as box, box.audit(mode="raise" if rank == 0 else "warn", timeout=60):
+        list(RandomSampler(range(8)))
+elif scenario == "raised":
+    with outcome("raised") as box, box.audit(timeout=60):
+        torch.rand(1)
+        if rank == 1:
+            raise ValueError("user code failed on rank 1")
+        torch.rand(1)
+elif scenario == "sigint_block":
+    with outcome("block") as box, box.audit(timeout=60):
+        torch.rand(1)
+        if rank == 0:
+            signal_file("rank0-exchanging")
+        else:
+            wait_for("rank0-exchanging")
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C inside the block
+            time.sleep(30)  # interrupted long before this ends
+elif scenario == "sigint_wait":
+    if rank == 0:
+        signal_file("rank0-pid", str(os.getpid()))
+    with outcome("wait") as box, box.audit(timeout=60):
+        torch.rand(1)
+        if rank == 1:  # Ctrl-C on rank 0 while it waits in the exchange; then arrive
+            wait_for("rank0-pid")
+            store = exchange._store()
+            deadline = time.monotonic() + 120
+            while not store.check([exchange.WAITING]) or int(store.add(exchange.WAITING, 0)) < 1:
+                if time.monotonic() > deadline:
+                    raise SystemExit("rank 0 never waited")
+                time.sleep(0.01)  # rank 0 counts itself once inside the exchange
+            result["signalled_at"] = time.time()
+            os.kill(int((out / "rank0-pid").read_text()), signal.SIGINT)
+            wait_for("rank0-interrupted")
+    if rank == 0:
+        signal_file("rank0-interrupted")
+else:
+    raise SystemExit(f"unknown scenario {scenario}")
+
+(out / f"result-{rank}.json").write_text(json.dumps(result))
+dist.destroy_process_group()
