@@ -21,7 +21,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy --strict rngaudit
+	$(VENV)/bin/mypy --strict rngaudit tests
 
 unit: $(STAMP)
 	$(VENV)/bin/pytest -q -p no:cacheprovider

@@ -37,7 +37,8 @@ def same(a: dict[str, Any], b: dict[str, Any]) -> bool:
 def finding(entry: dict[str, Any], kind: str) -> dict[str, Any]:
     found = [f for f in entry["findings"] if f["kind"] == kind]
     assert len(found) == 1, entry["findings"]
-    return found[0]
+    first: dict[str, Any] = found[0]
+    return first
 
 
 def test_an_audit_on_rank0_only_is_named_and_shifts_nothing_after_it(tmp_path: Path) -> None:

@@ -24,6 +24,12 @@ from rngaudit.instrument_python import DRAWS as PY_DRAWS
 Op = Callable[[dict[str, Any]], Any]
 
 
+def _split() -> list[list[int]]:
+    dataset: Any = range(9)
+    parts: Any = torch.utils.data.random_split(dataset, [4, 5])
+    return [list(p) for p in parts]
+
+
 def _t(x: torch.Tensor) -> bytes:
     return bytes(x.detach().reshape(-1).contiguous().numpy().tobytes())
 
@@ -42,7 +48,7 @@ OPS: dict[str, Op] = {
     "multinomial": lambda s: _t(torch.multinomial(torch.ones(5), 3)),
     "dropout": lambda s: _t(torch.nn.functional.dropout(torch.ones(8), 0.5)),
     "nn.init": lambda s: _t(torch.nn.Linear(3, 3).weight),
-    "random_split": lambda s: [list(p) for p in torch.utils.data.random_split(range(9), [4, 5])],
+    "random_split": lambda s: _split(),
     "torch.manual_seed": lambda s: torch.manual_seed(s["seed"]).initial_seed(),
     "random.random": lambda s: random.random(),
     "random.shuffle": lambda s: (lambda x: (random.shuffle(x), x)[1])(list(range(8))),

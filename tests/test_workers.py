@@ -11,9 +11,9 @@ import random
 import subprocess
 import sys
 import tempfile
-import time
 import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -132,7 +132,7 @@ def test_find_generators_paths_and_types() -> None:
 def test_find_generators_skips_stdlib_private_and_global_ones() -> None:
     class Holder:
         def __init__(self) -> None:
-            self.global_inst = random._inst  # type: ignore[attr-defined]
+            self.global_inst = random._inst
             self.system = random.SystemRandom()
             self.names = tempfile._RandomNameSequence()  # type: ignore[attr-defined]
             self.names.rng  # noqa: B018 - creates its private Random
@@ -184,9 +184,7 @@ def test_find_generators_is_bounded_and_cycle_safe() -> None:
             self.deep = [[[[[[[[random.Random(0)]]]]]]]]
 
     big = Big()
-    start = time.perf_counter()
     paths = [r.path for r in find_generators(big)]
-    assert time.perf_counter() - start < 0.1
     assert paths == [f"dataset.early[{MAX_ITEMS - 1}]"]  # bounded: late and deep are blind spots
     cyclic = find_generators(wd.CyclicDataset())
     assert [r.path for r in cyclic] == ["dataset.node.rng"]
@@ -297,7 +295,7 @@ def test_monitors_uninstalled_in_any_order_restore_originals() -> None:
 def test_owned_generator_is_a_confirmed_duplicate(monitored: Any, kind: str) -> None:
     m = monitored()
     batches = consume(loader(wd.OwnedDataset(kind)))
-    draws = {int(r[0]): [] for b in batches for r in b}
+    draws: dict[int, list[Any]] = {int(r[0]): [] for b in batches for r in b}
     for b in batches:
         for r in b:
             draws[int(r[0])].append(float(r[2]))
@@ -390,7 +388,8 @@ def test_warn_mode_warns_and_does_not_change_the_data(monitored: Any) -> None:
         random.seed(0)
         np.random.seed(0)
         batches = consume(loader(wd.AllKindsDataset(), shuffle=True), epochs=2)
-        return batches, (torch.get_rng_state(), random.getstate(), np.random.get_state()[1])
+        state: Any = np.random.get_state()
+        return batches, (torch.get_rng_state(), random.getstate(), state[1])
 
     plain, plain_state = run()
     m = monitored(mode="warn")
@@ -404,24 +403,29 @@ def test_warn_mode_warns_and_does_not_change_the_data(monitored: Any) -> None:
     assert np.array_equal(plain_state[2], audited_state[2])
 
 
+@pytest.mark.timeout(120)  # the monitor waits up to an hour: only not waiting passes
 def test_user_init_errors_propagate_without_waiting(monitored: Any) -> None:
-    monitored(mode="raise")
+    monitored(mode="raise", timeout=3600.0)
     dl = loader(wd.OwnedDataset(), worker_init_fn=wd.failing_worker_init_fn)
     it = iter(dl)
-    start = time.monotonic()
     with pytest.raises(ValueError, match="boom in worker"):
         next(it)
-    assert time.monotonic() - start < 10
     assert dl.worker_init_fn is wd.failing_worker_init_fn
-    for w in it._workers:  # PyTorch joins failed workers slowly (5 s each): end them here
+    workers: Any = it._workers  # type: ignore[attr-defined]
+    for w in workers:  # PyTorch joins failed workers slowly (5 s each): end them here
         w.terminate()
 
 
-def test_slow_workers_give_an_unconfirmed_warning(monitored: Any) -> None:
+def test_slow_workers_give_an_unconfirmed_warning(
+    monitored: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release = tmp_path / "release"
+    monkeypatch.setenv(wd.RELEASE_ENV, str(release))  # worker 1 waits for this file
     m = monitored(mode="raise", timeout=0.2)
     it = iter(loader(wd.OwnedDataset(), worker_init_fn=wd.slow_worker_init_fn))
     with pytest.warns(RNGAuditWarning, match="Unconfirmed: 1 of 2 workers"):
         next(it)  # batch 0 comes from worker 0; worker 1 is still in its init fn
+    release.touch()
     del it
     (finding,) = m.found
     assert finding.severity == "warning" and finding.details["confirmed"] is False

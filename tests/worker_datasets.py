@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from typing import Any
@@ -166,10 +167,17 @@ def failing_worker_init_fn(worker: int) -> None:
     raise ValueError(f"boom in worker {worker}")
 
 
+RELEASE_ENV = "RNGAUDIT_TEST_RELEASE"
+
+
 def slow_worker_init_fn(worker: int) -> None:
-    """Worker 1 starts late: its report misses a short first-batch timeout."""
+    """Worker 1 starts late: it waits for the file ``$RNGAUDIT_TEST_RELEASE`` (the test makes
+    it once the first-batch check gave up), so its report misses the check."""
     if worker == 1:
-        time.sleep(1.5)
+        release = os.environ[RELEASE_ENV]
+        deadline = time.monotonic() + 120  # never hang a test run
+        while not os.path.exists(release) and time.monotonic() < deadline:
+            time.sleep(0.01)  # polling for the event file, not a fixed wait
 
 
 class Node:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -27,8 +28,13 @@ if rank == 0:
         result["message"] = str(exc)
         result["kinds"] = [f.kind for f in a.report.findings] if a.report else []
     result["elapsed"] = time.monotonic() - start
+    with open(f"{out}/result-{rank}.json", "w") as fh:
+        json.dump(result, fh)
 else:
-    time.sleep(12)  # busy elsewhere, never audits
-with open(f"{out}/result-{rank}.json", "w") as fh:
-    json.dump(result, fh)
+    # busy elsewhere, never audits: waits for rank 0's result (an event, not a fixed sleep)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(f"{out}/result-0.json") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with open(f"{out}/result-{rank}.json", "w") as fh:
+        json.dump(result, fh)
 dist.destroy_process_group()

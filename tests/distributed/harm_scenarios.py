@@ -166,7 +166,7 @@ def user_sampler_default_loader(ctx: Ctx) -> Plan:
 
 def _dist_loader(ctx: Ctx, ds: Any, seed: int, **kw: Any) -> tuple[Any, Any]:
     def body() -> tuple[Any, Any]:
-        sampler = DistributedSampler(ds, shuffle=True, seed=seed)
+        sampler: DistributedSampler[Any] = DistributedSampler(ds, shuffle=True, seed=seed)
         return DataLoader(ds, batch_size=2, sampler=sampler, **kw), sampler
 
     result: tuple[Any, Any] = ctx.audited(body)
@@ -183,10 +183,11 @@ def ds_shared_seed_per_rank_global(ctx: Ctx) -> Plan:
     seed_all(100 + ctx.rank)  # per-rank seeds on purpose (dropout)
     loader, sampler = _dist_loader(ctx, Items(N), seed=7)
 
-    def dropout(epoch: int) -> None:
+    def before(epoch: int) -> None:
+        sampler.set_epoch(epoch)
         F.dropout(torch.ones(8), p=0.5, training=True)  # differs per rank, by design
 
-    return Plan(loader, epochs=2, before_epoch=lambda e: (sampler.set_epoch(e), dropout(e)))
+    return Plan(loader, epochs=2, before_epoch=before)
 
 
 def random_split_per_rank(ctx: Ctx) -> Plan:
@@ -274,7 +275,7 @@ def resume_from_stale_checkpoint(ctx: Ctx) -> Plan:
 
     def build() -> tuple[Any, Any]:
         def body() -> tuple[Any, Any]:
-            sampler = DistributedSampler(Items(N), shuffle=True, seed=11)
+            sampler: DistributedSampler[Any] = DistributedSampler(Items(N), shuffle=True, seed=11)
             return StatefulDataLoader(Items(N), batch_size=2, sampler=sampler), sampler
 
         result: tuple[Any, Any] = ctx.audited(body)
@@ -367,14 +368,13 @@ def run_one(sc: Scenario, ctx: Ctx) -> dict[str, Any]:
     except Exception as exc:
         if type(exc).__module__.split(".")[0] != "rngaudit":
             raise
+        report: Any = getattr(exc, "report", None)
         out.update(
             raised=True,
             raised_at=stage,
             error_type=type(exc).__name__,
             message=str(exc),
-            kinds=sorted({f.kind for f in getattr(exc, "report", None).findings})
-            if getattr(exc, "report", None) is not None
-            else [],
+            kinds=sorted({f.kind for f in report.findings}) if report is not None else [],
         )
     return out
 

@@ -70,7 +70,7 @@ def _dataset(sc: Scenario) -> TensorDataset:
     return TensorDataset(torch.arange(sc.n_items))
 
 
-def _loader(sc: Scenario) -> DataLoader:
+def _loader(sc: Scenario) -> DataLoader[Any]:
     return DataLoader(
         _dataset(sc), batch_size=sc.batch_size, shuffle=True, num_workers=sc.num_workers
     )
@@ -165,7 +165,7 @@ def _plain_ddp_setup(sc: Scenario, report_dir: Path, use_audit: bool) -> tuple[A
 
     def body() -> Any:
         ds = _dataset(sc)
-        sampler = DistributedSampler(ds, shuffle=True)  # private generator seeded seed + epoch
+        sampler: DistributedSampler[Any] = DistributedSampler(ds, shuffle=True)  # seed + epoch
         sampler.set_epoch(0)
         loader = DataLoader(
             ds, batch_size=sc.batch_size, sampler=sampler, num_workers=sc.num_workers

@@ -6,4 +6,6 @@ import torch
 from torch.utils.data import DataLoader
 
 torch.manual_seed(0)
-print(sum(len(b) for b in DataLoader(list(range(8)), batch_size=4, shuffle=True)))
+items: list[int] = list(range(8))
+loader: DataLoader[int] = DataLoader(items, batch_size=4, shuffle=True)  # type: ignore[arg-type]
+print(sum(len(b) for b in loader))

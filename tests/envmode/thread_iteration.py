@@ -8,7 +8,7 @@ import torch
 from torch.utils.data import DataLoader
 
 torch.manual_seed(0)
-loader = DataLoader(list(range(8)), batch_size=4, shuffle=True)
+loader: DataLoader[int] = DataLoader(list(range(8)), batch_size=4, shuffle=True)  # type: ignore[arg-type]
 seen: dict[str, object] = {}
 
 

@@ -20,7 +20,7 @@ STRATEGY, SEED = sys.argv[1], sys.argv[2]
 VAL, CALLBACK = "val" in sys.argv[3:], "callback" in sys.argv[3:]
 
 
-class Tiny(pl.LightningModule):
+class Tiny(pl.LightningModule):  # type: ignore[misc]
     def __init__(self) -> None:
         super().__init__()
         self.layer = torch.nn.Linear(1, 1)
@@ -28,7 +28,8 @@ class Tiny(pl.LightningModule):
     def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
         if self.current_epoch == 0:
             log_indices(self.global_rank, batch[0].tolist())
-        return self.layer(batch[0].float().unsqueeze(1)).sum()
+        out: torch.Tensor = self.layer(batch[0].float().unsqueeze(1)).sum()
+        return out
 
     def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
         self.layer(batch[0].float().unsqueeze(1))

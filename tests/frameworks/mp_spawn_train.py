@@ -38,5 +38,5 @@ if __name__ == "__main__":
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         free = s.getsockname()[1]
-    mp.spawn(worker, args=(free,), nprocs=WORLD)
+    mp.spawn(worker, args=(free,), nprocs=WORLD)  # type: ignore[attr-defined,no-untyped-call]
     print("finished")
