@@ -307,7 +307,7 @@ def rows_after(r: dict[str, Any]) -> list[Row]:
     rows.append(
         (
             "  diagnostic: worker time per sample in epoch 0 (median); batches whose worker "
-            f"still had rngaudit's dispatch mode (main process after batch 1: {main_modes})",
+            f"were still intercepted by rngaudit (main process after batch 1: {main_modes})",
             f"{median([a['epoch0_sample_us'] for a in off]):.1f} µs; "
             f"{median([a['worker_batches_with_mode'] for a in off]):.0f}",
             f"{median([b['epoch0_sample_us'] for b in on]):.1f} µs; {with_mode:.0f}",

@@ -192,11 +192,19 @@ class Recorder:
         gen_name, fp = resolved
         phase = ITERATION if self.iteration_started else PRE_ITERATION
         sampler = None
-        if stack.marked:  # only draws made inside known samplers/loaders have marked frames
-            sampler = self._sampler_info(stack.marked)
-            if any(role == ROLE_ITERATION for role, _ in stack.marked):
+        marked = stack.marked
+        if marked:  # only draws made inside known samplers/loaders have marked frames
+            sampler = self._sampler_info(marked)
+            if any(role == ROLE_ITERATION for role, _ in marked):
                 phase = ITERATION
-        thread = current_thread()
+        # The thread is in the key, so only this thread ever bumps this event: the repeat path
+        # needs no lock (a dict lookup is atomic). The Thread object (not its ident, which a
+        # later thread may reuse) is cached per thread.
+        local = self._local
+        try:
+            thread = local.thread
+        except AttributeError:
+            thread = local.thread = current_thread()
         key = (
             self.audit_index,
             gen_name,
@@ -206,13 +214,15 @@ class Recorder:
             stack.user_site,
             sampler.chain if sampler else None,
             phase,
-            thread.ident,
-            thread.name,
+            thread,
         )
-        if self.log.bump(key):
+        log = self.log
+        existing = log.get(key)
+        if existing is not None:
+            existing.count += 1
             return None
         event = Event(
-            seq=self.log.next_seq(),
+            seq=log.next_seq(),
             audit=self.audit_index,
             generator=gen_name,
             op=op,
@@ -226,7 +236,7 @@ class Recorder:
             phase=phase,
             sampler=sampler,
         )
-        self.log.add(key, event)
+        log.add(key, event)
         return event
 
     def _sampler_info(self, marked: tuple[tuple[str, Any], ...]) -> SamplerInfo | None:

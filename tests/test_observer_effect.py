@@ -12,11 +12,11 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 import rngaudit
 from rngaudit.instrument_numpy import DRAWS as NUMPY_DRAWS
 from rngaudit.instrument_python import DRAWS as PY_DRAWS
+from rngaudit.instrument_torch import intercepting
 
 Op = Callable[[dict[str, Any]], Any]
 
@@ -121,7 +121,7 @@ def _assert_restored(before: dict[str, Any]) -> None:
     assert after.keys() == before.keys()
     for key, original in before.items():
         assert after[key] is original, key
-    assert _get_current_dispatch_mode() is None
+    assert not intercepting()
 
 
 def test_originals_are_restored_after_a_normal_exit(report_dir: Path) -> None:
@@ -129,7 +129,7 @@ def test_originals_are_restored_after_a_normal_exit(report_dir: Path) -> None:
     with rngaudit.audit(report_dir=report_dir):
         assert torch.manual_seed is not before["torch.manual_seed"]
         assert random.random is not before["random.random"]
-        assert _get_current_dispatch_mode() is not None
+        assert intercepting()
         torch.rand(1)
     _assert_restored(before)
 

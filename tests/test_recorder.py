@@ -54,7 +54,7 @@ def test_draws_on_known_lines_have_their_files_lines_and_generators(report_dir: 
     assert find(events, "torch.manual_seed", line_of("seed-torch"))["generator"] == (
         "torch.default_generator"
     )
-    e = find(events, "aten.rand", line_of("draw-torch"))
+    e = find(events, "aten.uniform_", line_of("draw-torch"))
     assert e["generator"] == "torch.default_generator" and e["kind"] == "draw"
     assert find(events, "aten.randperm", line_of("draw-generator"))["generator"].startswith(
         "torch.Generator#1"
@@ -98,7 +98,7 @@ def test_repeated_draws_from_one_site_are_aggregated(report_dir: Path) -> None:
             torch.rand(1)  # loop-draw
         model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(200)])
     events = events_of(a)
-    assert find(events, "aten.rand", line_of("loop-draw"))["count"] == 500
+    assert find(events, "aten.uniform_", line_of("loop-draw"))["count"] == 500
     assert len(events) < 20  # 400 parameter draws collapse onto a few call sites
     del model
 
