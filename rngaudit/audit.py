@@ -10,7 +10,7 @@ from contextlib import ContextDecorator
 from types import TracebackType
 from typing import Any
 
-from rngaudit import config, epoch_check, instrument_loaders, session
+from rngaudit import config, epoch_check, instrument_loaders, instrument_torch, session
 from rngaudit.callsite import here
 from rngaudit.errors import (
     RNGAuditError,
@@ -63,6 +63,7 @@ class Audit(ContextDecorator):
         every_epoch: bool = False,
     ) -> None:
         self.settings = config.resolve(mode, report_dir, timeout, strict)
+        instrument_torch.prepare()  # one-time kernel registration: here, not in the window
         self.every_epoch = bool(every_epoch)
         self._args: dict[str, Any] = {
             "mode": mode,

@@ -12,7 +12,7 @@ _MT_WORDS = 624
 _PY_BYTES = 4 + 4 * _MT_WORDS  # CPython's _random.Random: int index, then uint32 state[624]
 _NP_BYTES = 4 * _MT_WORDS + 4  # numpy's mt19937_state: uint32 key[624], then int pos
 _string_at = ctypes.string_at
-_lock = threading.Lock()
+_lock = threading.RLock()
 # Where the state lives inside the objects, found once per process on private instances and
 # checked against getstate()/get_state(); None: not found (the exact slow path is used).
 _UNSET = -1  # not looked for yet
@@ -38,15 +38,20 @@ def _python_bytes(internal: tuple[int, ...]) -> bytes:
 
 
 def _find_python_offset() -> int | None:
+    """Where ``_random.Random`` keeps index and state, checked on private instances through
+    the C methods only (the module's and ``random.Random``'s may be rngaudit's wrappers)."""
+    import _random
     import random
 
+    base = _random.Random
     for offset in (16, 20, 24, 32):  # after PyObject_HEAD (16 bytes on 64-bit CPython 3.11)
         ok = True
         for seed in (1, 2):
-            rng = random.Random(seed)
+            rng = random.Random.__new__(random.Random)
+            base.seed(rng, seed)
             for _ in range(seed * 7):
-                rng.random()
-            if _string_at(id(rng) + offset, _PY_BYTES) != _python_bytes(rng.getstate()[1]):
+                base.random(rng)
+            if _string_at(id(rng) + offset, _PY_BYTES) != _python_bytes(base.getstate(rng)):
                 ok = False
                 break
         if ok and random.Random.__basicsize__ >= offset + _PY_BYTES:
@@ -66,6 +71,7 @@ def python_random(rng: Any) -> str:
     if _py_offset == _UNSET:
         with _lock:
             if _py_offset == _UNSET:
+                _py_offset = None  # a re-entrant call meanwhile takes the exact slow path
                 _py_offset = _find_python_offset()
     offset = _py_offset
     kind = type(rng)
@@ -167,6 +173,7 @@ def numpy_random_state(rs: Any) -> str:
     if _np_aug_offset == _UNSET:
         with _lock:
             if _np_aug_offset == _UNSET:
+                _np_aug_offset = None  # a re-entrant call meanwhile takes the exact slow path
                 try:
                     _np_aug_offset = _find_numpy_aug_offset()
                 except Exception:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -84,3 +85,18 @@ def test_other_generators_use_the_exact_slow_path(slow: None) -> None:
         np.random.RandomState(np.random.PCG64(1))
     )
     assert fingerprint.of(random.SystemRandom()) is None  # no state to read
+
+
+def test_the_first_fingerprint_inside_a_window_finds_the_layout(tmp_path: Path) -> None:
+    """Finding the layout makes private generators: it must not record (or deadlock on) them."""
+    from conftest import run_python
+
+    code = (
+        "import random, tempfile, rngaudit\n"
+        "with rngaudit.audit(mode='report', report_dir=tempfile.mkdtemp()) as a:\n"
+        "    random.random()\n"
+        "print(sorted({e['generator'] for e in a.report.ranks[0]['events']}))\n"
+    )
+    proc = run_python(["-c", code], timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "['random (global)']"
