@@ -26,7 +26,7 @@ class SamplerInfo:
         return {"chain": self.chain, "loader": self.loader, "output_digest": self.output_digest}
 
 
-@dataclass
+@dataclass(slots=True)
 class Event:
     """An aggregated draw, seeding or state operation on one generator at one call site."""
 

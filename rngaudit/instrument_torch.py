@@ -46,10 +46,11 @@ Handler = Callable[["OpSpec", tuple[Any, ...], dict[str, Any], Any], Any]
 class OpSpec:
     """One seeded op: its report name and where its schema keeps generator, tensor and flags."""
 
-    __slots__ = ("gen_pos", "name", "no_draw", "op", "tensor_kw", "tensor_pos")
+    __slots__ = ("call", "gen_pos", "name", "no_draw", "op", "tensor_kw", "tensor_pos")
 
     def __init__(self, op: Any) -> None:
         self.op = op
+        self.call = getattr(op, "_op", op)  # the C++ op itself: no OpOverload.__call__ frame
         self.name = f"aten.{op.overloadpacket.__name__}"
         self.gen_pos: int | None = None  # positional index of `generator` (None: keyword-only)
         self.tensor_pos: int | None = None  # first positional Tensor argument
@@ -114,7 +115,7 @@ class KeyedKernels:
         self._libs = (fallback, lib)  # kept alive: a Library deregisters when collected
 
     def _kernel(self, spec: OpSpec) -> Callable[..., Any]:
-        key, switch, op = self.key, self._set, spec.op
+        key, switch, op = self.key, self._set, spec.call
 
         def kernel(*args: Any, **kwargs: Any) -> Any:
             switch(key, False)  # what runs below (and the recorder's own ops) is not seen again
@@ -128,11 +129,9 @@ class KeyedKernels:
 
         return kernel
 
-    def on(self) -> bool:
-        """Switch the key on for this thread; returns whether it was on."""
-        was = bool(self._is(self.key))
+    def on(self) -> None:
+        """Switch the key on for this thread (threads started later do not inherit it)."""
         self._set(self.key, True)
-        return was
 
     def off(self) -> None:
         self._set(self.key, False)
@@ -230,8 +229,8 @@ class TorchInstrumentation:
         self.mode: Any = None
         self.keyed: KeyedKernels | None = None
         self._cpu_info: GenInfo | None = None
-        self._was_on = False
         self.torch: Any = None
+        self._gens: dict[int, GenInfo] = {}
 
     def _cpu(self, stack: Stack) -> GenInfo:
         info = self._cpu_info
@@ -243,8 +242,16 @@ class TorchInstrumentation:
 
     # -- which generator ---------------------------------------------------------------------
     def _explicit(self, gen: Any, stack: Stack) -> GenInfo:
-        torch = self.torch
+        """The name of an explicit generator, fixed at first sight (cached by its C address:
+        a named generator is held by the names, so its address is not reused)."""
         cdata = gen._cdata
+        info = self._gens.get(cdata)
+        if info is None:
+            info = self._gens[cdata] = self._name_explicit(gen, cdata, stack)
+        return info
+
+    def _name_explicit(self, gen: Any, cdata: int, stack: Stack) -> GenInfo:
+        torch = self.torch
         if cdata == torch.default_generator._cdata:
             return _default_cpu(torch)
         if gen.device.type == "cuda" and torch.cuda.is_initialized():
@@ -272,7 +279,7 @@ class TorchInstrumentation:
         self, spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any], frame: Any
     ) -> Any:
         rec = self.rec
-        op = spec.op
+        op = spec.call
         if not rec.enabled or getattr(rec._local, "busy", False):
             return op(*args, **kwargs)
         try:
@@ -280,11 +287,12 @@ class TorchInstrumentation:
             if gen is NOT_A_DRAW:
                 return op(*args, **kwargs)
             tensor = spec.tensor(args, kwargs)
-            resolve: Callable[[Stack], GenInfo | None]
+            resolve: GenInfo | Callable[[Stack], GenInfo | None]
             if tensor is not None and not tensor.is_cpu and tensor.is_meta:
                 return op(*args, **kwargs)  # initialising a meta model draws nothing
             if gen is not None:
-                resolve = lambda stack: self._explicit(gen, stack)  # noqa: E731
+                known = self._gens.get(gen._cdata)
+                resolve = known or (lambda stack: self._explicit(gen, stack))
             elif tensor is None or tensor.is_cpu:
                 resolve = self._cpu
             else:
@@ -329,7 +337,7 @@ class TorchInstrumentation:
         if keyed is not None:
             self.keyed = keyed
             keyed.handler = self._handle
-            self._was_on = keyed.on()
+            keyed.on()
             rec.add_undo(self._switch_off)
         else:
             self.mode = _dispatch_mode(torch, self._handle)
@@ -339,9 +347,8 @@ class TorchInstrumentation:
     def _switch_off(self) -> None:
         keyed, self.keyed = self.keyed, None
         if keyed is not None:
-            keyed.handler = None
-            if not self._was_on:
-                keyed.off()
+            keyed.handler = None  # kernels pass through, on any thread that still has the key
+            keyed.off()
 
     def _pop_mode(self) -> None:
         if self.mode is not None:

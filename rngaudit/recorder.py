@@ -177,16 +177,21 @@ class Recorder:
 
     def record(
         self,
-        generator: Callable[[callsite.Stack], GenInfo | None],
+        generator: GenInfo | Callable[[callsite.Stack], GenInfo | None],
         op: str,
         kind: str,
         frame: Any,
         skip_stdlib_callers: bool = False,
     ) -> Event | None:
+        """Count one draw at ``frame``; returns the event when it is the first of its key.
+
+        ``generator`` is the (name, fingerprint function) pair, or a function of the stack
+        that returns it (None: nothing is recorded). The repeat path takes no lock.
+        """
         stack = callsite.walk(frame)
         if skip_stdlib_callers and stack.stdlib_caller:
             return None
-        resolved = generator(stack)
+        resolved = generator if generator.__class__ is tuple else generator(stack)  # type: ignore[operator]
         if resolved is None:
             return None
         gen_name, fp = resolved
