@@ -124,8 +124,9 @@ class Audit(ContextDecorator):
             exception=exc_type.__name__ if exc_type is not None else None,
         )
         try:
+            # The verdict is decided here; the report files are written after the block exits.
             self.report = self._session.conclude(
-                self._index, self._label, record, self.settings.timeout
+                self._index, self._label, record, self.settings.timeout, background_write=True
             )
         except Exception:
             epoch_check.GUARD.leave(self._watch, [])

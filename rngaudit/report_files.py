@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import tempfile
+import threading
+from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger("rngaudit")
 
 RANK_FILE = "rank-{rank}.json"
 MERGED_FILE = "report.json"
@@ -17,14 +23,23 @@ _RUN_ID = re.compile(rb'"run_id":\s*"([^"\\]*)"')
 _HEAD = 4096  # run_id is written near the start of every file (after schema_version)
 
 
+def encode(data: dict[str, Any]) -> str:
+    # json.dumps, not json.dump: dump() to a file runs the pure-Python encoder (4x slower)
+    return json.dumps(data, separators=(",", ":")) + "\n"
+
+
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Write ``data`` to ``path`` atomically (temp file + rename in the same directory)."""
+    write_text(path, encode(data))
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (temp file + rename in the same directory)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            # json.dumps, not json.dump: dump() to a file runs the pure-Python encoder (4x slower)
-            fh.write(json.dumps(data, separators=(",", ":")) + "\n")
+            fh.write(text)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
@@ -88,3 +103,61 @@ def set_aside(report_dir: Path, run_id: str | None = None) -> list[Path]:
             continue
     return moved
 
+
+class _Writer:
+    """Runs file-writing jobs in order on one background thread, off the audit's exit path.
+
+    The thread is not a daemon and ends when it runs out of jobs: the interpreter waits for
+    pending writes at shutdown. :func:`flush` waits for them; a forked child drops them.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: deque[Callable[[], None]] = deque()
+        self._cond = threading.Condition()
+        self._pending = 0
+        self._running = False
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self._cond:
+            self._jobs.append(job)
+            self._pending += 1
+            if not self._running:
+                self._running = True
+                threading.Thread(target=self._run, name="rngaudit-report-writer").start()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if not self._jobs:
+                    self._running = False
+                    self._cond.notify_all()
+                    return
+                job = self._jobs.popleft()
+            try:
+                job()
+            except Exception:  # the verdict was given; the report stays in memory
+                log.warning("rngaudit: could not write a report file", exc_info=True)
+            finally:
+                with self._cond:
+                    self._pending -= 1
+                    self._cond.notify_all()
+
+    def flush(self, timeout: float | None = 60.0) -> bool:
+        """Wait until every submitted write is done; False if ``timeout`` passed first."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._pending == 0, timeout)
+
+    def reset_in_child(self) -> None:
+        self._jobs.clear()
+        self._pending = 0
+        self._running = False
+        self._cond = threading.Condition()
+
+
+WRITER = _Writer()
+os.register_at_fork(after_in_child=WRITER.reset_in_child)
+
+
+def flush(timeout: float | None = 60.0) -> bool:
+    """Wait for report files written in the background (after ``audit()`` exits)."""
+    return WRITER.flush(timeout)

@@ -147,6 +147,7 @@ def test_originals_are_restored_and_the_exception_propagates_unchanged(report_di
     assert caught.value is boom
     _assert_restored(before)
     assert a.report is not None  # the report is still written
+    assert rngaudit.wait_for_reports()
     assert (report_dir / "report.json").exists()
 
 

@@ -171,6 +171,7 @@ def test_audit_works_as_a_decorator(report_dir: Path) -> None:
 
     assert build().shape == (3,)
     assert build().shape == (3,)  # a decorator opens a fresh window per call
+    assert rngaudit.wait_for_reports()
     assert (report_dir / "report.json").exists()
 
 
@@ -180,6 +181,7 @@ def test_every_audit_writes_its_report(report_dir: Path) -> None:
     with rngaudit.audit(report_dir=report_dir) as a:
         torch.rand(1)
     assert a.report is not None and a.report.verdict == "ok"
+    assert rngaudit.wait_for_reports()  # the files are written after the block, off its exit
     merged = json.loads((report_dir / "report.json").read_text())
     assert merged["schema_version"] == 1 and merged["world_size"] == 1
     assert {"verdict", "findings", "ranks"} <= set(merged)
@@ -238,3 +240,22 @@ def test_an_unwritable_report_dir_warns_once_and_keeps_the_report(tmp_path: Path
     ):
         torch.rand(1)
     assert a.report is not None and a.report.ranks[0]["events"]
+
+
+def test_report_files_are_written_after_the_block_in_order(report_dir: Path) -> None:
+    import json
+
+    from rngaudit import report_files
+
+    gate = threading.Event()
+    report_files.WRITER.submit(lambda: gate.wait(timeout=30))  # hold the writer thread
+    try:
+        with rngaudit.audit(report_dir=report_dir) as a:
+            torch.rand(1)
+        assert a.report is not None and a.report.verdict == "ok"  # decided before exit returned
+        assert not (report_dir / "report.json").exists()  # not written on the exit path
+        assert not rngaudit.wait_for_reports(timeout=0.05)
+    finally:
+        gate.set()
+    assert rngaudit.wait_for_reports()
+    assert json.loads((report_dir / "report.json").read_text())["verdict"] == "ok"
