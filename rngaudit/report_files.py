@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import logging
@@ -107,31 +108,35 @@ def set_aside(report_dir: Path, run_id: str | None = None) -> list[Path]:
 class _Writer:
     """Runs file-writing jobs in order on one background thread, off the audit's exit path.
 
-    The thread is not a daemon and ends when it runs out of jobs: the interpreter waits for
-    pending writes at shutdown. :func:`flush` waits for them; a forked child drops them.
+    The thread is started once and waits for jobs (handing it one is a list append and a
+    notify: no thread start on the exit path). At shutdown, also of a multiprocessing child,
+    :func:`flush` runs before the interpreter stops threads; a forked child drops the queue.
     """
 
     def __init__(self) -> None:
         self._jobs: deque[Callable[[], None]] = deque()
         self._cond = threading.Condition()
         self._pending = 0
-        self._running = False
+        self._thread: threading.Thread | None = None
 
     def submit(self, job: Callable[[], None]) -> None:
         with self._cond:
             self._jobs.append(job)
             self._pending += 1
-            if not self._running:
-                self._running = True
-                threading.Thread(target=self._run, name="rngaudit-report-writer").start()
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="rngaudit-report-writer", daemon=True
+                )
+                self._thread.start()
+                _at_shutdown(self.flush)
+            else:
+                self._cond.notify_all()
 
     def _run(self) -> None:
         while True:
             with self._cond:
-                if not self._jobs:
-                    self._running = False
-                    self._cond.notify_all()
-                    return
+                while not self._jobs:
+                    self._cond.wait()
                 job = self._jobs.popleft()
             try:
                 job()
@@ -150,8 +155,21 @@ class _Writer:
     def reset_in_child(self) -> None:
         self._jobs.clear()
         self._pending = 0
-        self._running = False
+        self._thread = None
         self._cond = threading.Condition()
+
+
+def _at_shutdown(callback: Callable[[], object]) -> None:
+    """Run ``callback`` when the interpreter shuts down, before daemon threads stop: at
+    ``threading._shutdown`` (which multiprocessing children run too), else at exit."""
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        if register is not None:
+            register(callback)
+            return
+    except RuntimeError:  # already shutting down
+        pass
+    atexit.register(callback)
 
 
 WRITER = _Writer()

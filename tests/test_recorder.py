@@ -259,3 +259,26 @@ def test_report_files_are_written_after_the_block_in_order(report_dir: Path) -> 
         gate.set()
     assert rngaudit.wait_for_reports()
     assert json.loads((report_dir / "report.json").read_text())["verdict"] == "ok"
+
+
+def test_background_report_files_are_complete_when_a_process_exits(tmp_path: Path) -> None:
+    """Also in a multiprocessing child, which leaves through os._exit after its target."""
+    from conftest import run_python
+
+    code = (
+        "import multiprocessing as mp, sys, torch, rngaudit\n"
+        "def child(d):\n"
+        "    with rngaudit.audit(mode='report', report_dir=d):\n"
+        "        torch.rand(1)\n"
+        "if __name__ == '__main__':\n"
+        "    p = mp.get_context('fork').Process(target=child, args=(sys.argv[2],))\n"
+        "    p.start(); p.join(60)\n"
+        "    child(sys.argv[1])\n"
+    )
+    script = tmp_path / "exits.py"
+    script.write_text(code)
+    parent, forked = tmp_path / "parent", tmp_path / "forked"
+    proc = run_python([str(script), str(parent), str(forked)], timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for directory in (parent, forked):
+        assert (directory / "report.json").exists() and (directory / "rank-0.json").exists()
