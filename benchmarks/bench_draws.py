@@ -19,19 +19,25 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import rngaudit
+from rngaudit import instrument_torch
 from rngaudit.recorder import RECORDER
 
 TMP_PREFIX = "rngaudit-bench-draws-"  # removed at exit, with the generated files and reports
 
-# label -> (statement, calls per repeated-draw batch, intercepted by the torch dispatch mode)
+# label -> (statement, calls per repeated-draw batch, a torch op: it has dispatch floors)
 OPS: dict[str, tuple[str, int, bool]] = {
     "torch.rand(8)": ("torch.rand(8)", 2000, True),
     "torch.randperm(1000)": ("torch.randperm(1000)", 1000, True),
+    "x.uniform_()": ("X.uniform_()", 2000, True),
+    "nn.init.uniform_(w)": ("torch.nn.init.uniform_(W)", 2000, True),
+    "torch.randn(8, generator=G)": ("torch.randn(8, generator=G)", 2000, True),
+    "F.dropout(x, 0.5, training=True)": ("F.dropout(X, 0.5, training=True)", 2000, True),
     "random.random()": ("random.random()", 4000, False),
     "np.random.rand()": ("np.random.rand()", 4000, False),
     "x.add(1)": ("X.add(1)", 3000, True),
-    "nn.init.uniform_(w)": ("torch.nn.init.uniform_(W)", 2000, True),
+    "Linear(16, 16) forward": ("LIN(INP)", 2000, True),
 }
+UNRELATED = ("x.add(1)", "Linear(16, 16) forward")  # not recorded: only the interception's cost
 FIRST_DRAWS = 400  # first occurrences timed per op and window
 
 
@@ -55,8 +61,12 @@ def generate(path: Path) -> Any:
         "import random",
         "import numpy as np",
         "import torch",
+        "import torch.nn.functional as F",
         "X = torch.zeros(8)",
         "W = torch.empty(16, 16)",
+        "G = torch.Generator().manual_seed(0)",
+        "LIN = torch.nn.Linear(16, 16)",
+        "INP = torch.zeros(4, 16)",
     ]
     for label, (stmt, _, _) in OPS.items():
         name = _ident(label)
@@ -85,6 +95,21 @@ def generate(path: Path) -> Any:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def null_key_on() -> Any:
+    """The floor of the key-based kernels: rngaudit's kernels with a handler that only calls
+    the op; returns the function that switches it off again."""
+    keyed = instrument_torch.keyed_kernels()
+    assert keyed is not None, "the dispatch key is taken: rngaudit uses its dispatch mode"
+    keyed.handler = lambda spec, args, kwargs, frame: spec.call(*args, **kwargs)
+    keyed.on()
+
+    def off() -> None:
+        keyed.off()
+        keyed.handler = None
+
+    return off
 
 
 class NullMode(TorchDispatchMode):  # type: ignore[misc]
@@ -121,7 +146,8 @@ def main() -> None:
     mod = generate(tmp / "rngaudit_bench_ops.py")
     sizes = {label: max(50, int(n * args.scale)) for label, (_, n, _) in OPS.items()}
     samples: dict[str, dict[str, list[float]]] = {
-        label: {k: [] for k in ("off", "on", "null", "off_first", "on_first")} for label in OPS
+        label: {k: [] for k in ("off", "on", "null", "nullkey", "off_first", "on_first")}
+        for label in OPS
     }
     window: dict[str, list[float]] = {"open": [], "close": []}
     unkeyed = SimpleNamespace(audit_index=0)  # the same attribute stores, outside the window
@@ -156,13 +182,22 @@ def main() -> None:
                 if dispatched:
                     samples[label]["null"].append(measure(mod, label, sizes[label], unkeyed)[0])
 
-    off(), on(), null()  # warm-up: imports, caches, first window
+    def nullkey() -> None:
+        switch_off = null_key_on()
+        try:
+            for label, (_, _, dispatched) in OPS.items():
+                if dispatched:
+                    samples[label]["nullkey"].append(measure(mod, label, sizes[label], unkeyed)[0])
+        finally:
+            switch_off()
+
+    off(), on(), null(), nullkey()  # warm-up: imports, caches, first window
     for s in samples.values():
         for values in s.values():
             values.clear()
     window["open"].clear(), window["close"].clear()
     for rep in range(args.reps):
-        order = (off, on, null) if rep % 2 == 0 else (null, on, off)
+        order = (off, on, null, nullkey) if rep % 2 == 0 else (nullkey, null, on, off)
         for step in order:
             step()
 
@@ -180,10 +215,13 @@ def main() -> None:
         }
         if s["null"]:
             entry["null_added_us"] = benchlib.median([s["null"][i] - s["off"][i] for i in reps])
+            entry["nullkey_added_us"] = benchlib.median(
+                [s["nullkey"][i] - s["off"][i] for i in reps]
+            )
         out["ops"][label] = entry
     out["window_open_ms"] = benchlib.median(window["open"]) * 1e3
     out["window_close_ms"] = benchlib.median(window["close"]) * 1e3
-    out["events_per_window"] = (len(OPS) - 1) * (FIRST_DRAWS + 1)  # x.add(1) is not recorded
+    out["events_per_window"] = (len(OPS) - len(UNRELATED)) * (FIRST_DRAWS + 1)
     benchlib.emit(out)
 
 

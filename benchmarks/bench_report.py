@@ -51,7 +51,8 @@ def sizes(report_dir: Path) -> dict[str, int]:
 
 
 def audited(report_dir: Path, fn: Any) -> tuple[rngaudit.Audit, float]:
-    """Run ``fn`` in an audit window; returns the audit and its exit (conclude+write) seconds."""
+    """Run ``fn`` in an audit window; returns the audit and the seconds from its exit until its
+    files are written (conclude, then the background write: ``wait_for_reports``)."""
     audit = rngaudit.audit(mode="report", report_dir=report_dir)
     audit.__enter__()
     try:
@@ -59,6 +60,7 @@ def audited(report_dir: Path, fn: Any) -> tuple[rngaudit.Audit, float]:
     finally:
         start = time.perf_counter()
         audit.__exit__(None, None, None)
+        rngaudit.wait_for_reports()
     return audit, time.perf_counter() - start
 
 

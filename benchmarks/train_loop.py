@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 
 import torch
@@ -32,11 +33,17 @@ class Augmented(Dataset):  # type: ignore[type-arg]
         x = self.x[i] * 1.1 + 0.05
         x = x + 0.01 * torch.randn(FEATURES)  # the worker's (reseeded) global generator
         x = torch.nn.functional.normalize(x.clamp(-3.0, 3.0), dim=0)
-        # Diagnostics: torch dispatch modes on this worker's stack; the sample's cost in µs.
-        info = torch.tensor(
-            [torch._C._len_torch_dispatch_stack(), (time.perf_counter() - start) * 1e6]
-        )
+        # Diagnostics: is rngaudit still intercepting torch on this worker; the sample's µs.
+        info = torch.tensor([float(hooked()), (time.perf_counter() - start) * 1e6])
         return x, self.y[i], info
+
+
+def hooked() -> bool:
+    """rngaudit intercepts this thread's torch ops (its dispatch key or its dispatch mode)."""
+    module = sys.modules.get("rngaudit.instrument_torch")
+    if module is not None:
+        return bool(module.intercepting())
+    return torch._C._len_torch_dispatch_stack() > 0
 
 
 def main() -> None:
@@ -79,7 +86,7 @@ def main() -> None:
         x, y, info = next(it)  # the first batch: untimed (RNGAUDIT closes its window here)
         step(x, y)
         if epoch == 0:
-            main_modes = torch._C._len_torch_dispatch_stack()
+            main_modes = int(hooked())
         worker_mode_batches += int(info[:, 0].max() > 0)
         start = time.perf_counter()
         for x, y, info in it:

@@ -11,6 +11,7 @@ from rngaudit.errors import RNGDivergenceError as RNGDivergenceError
 from rngaudit.errors import WorkerDuplicateStreamError as WorkerDuplicateStreamError
 from rngaudit.findings import Finding as Finding
 from rngaudit.report import AuditReport as AuditReport
+from rngaudit.report_files import flush as wait_for_reports
 
 __version__ = "0.1.0"
 
@@ -24,4 +25,5 @@ __all__ = [
     "RNGDivergenceError",
     "WorkerDuplicateStreamError",
     "audit",
+    "wait_for_reports",
 ]

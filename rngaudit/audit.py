@@ -14,7 +14,7 @@ from contextlib import ContextDecorator
 from types import TracebackType
 from typing import Any, TypeVar
 
-from rngaudit import config, epoch_check, instrument_loaders, session
+from rngaudit import config, epoch_check, instrument_loaders, instrument_torch, session
 from rngaudit.callsite import here
 from rngaudit.errors import (
     RNGAuditError,
@@ -70,6 +70,7 @@ class Audit(ContextDecorator):
         every_epoch: bool = False,
     ) -> None:
         self.settings = config.resolve(mode, report_dir, timeout, strict)
+        instrument_torch.prepare()  # one-time kernel registration: here, not in the window
         self.every_epoch = bool(every_epoch)
         self._args: dict[str, Any] = {
             "mode": mode,
@@ -147,6 +148,7 @@ class Audit(ContextDecorator):
         )
         interrupted = exc_type is not None and not issubclass(exc_type, Exception)
         try:
+            # The verdict is decided here; the report files are written after the block exits.
             self.report = self._session.conclude(
                 self._index,
                 self._label,
@@ -154,6 +156,7 @@ class Audit(ContextDecorator):
                 self.settings.timeout,
                 strict=self.settings.strict,
                 interrupted=interrupted,
+                background_write=True,
             )
         except BaseException as failure:
             epoch_check.GUARD.leave(self._watch, [])

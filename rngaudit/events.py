@@ -26,7 +26,7 @@ class SamplerInfo:
         return {"chain": self.chain, "loader": self.loader, "output_digest": self.output_digest}
 
 
-@dataclass
+@dataclass(slots=True)
 class Event:
     """An aggregated draw, seeding or state operation on one generator at one call site."""
 
@@ -82,14 +82,9 @@ class EventLog:
     def next_seq(self) -> int:
         return next(self._seq)
 
-    def bump(self, key: AggKey) -> bool:
-        """Count one more occurrence of an existing key; False when the key is new."""
-        with self._lock:
-            event = self._events.get(key)
-            if event is None:
-                return False
-            event.count += 1
-            return True
+    def get(self, key: AggKey) -> Event | None:
+        """The event of ``key`` (no lock: a dict lookup is atomic)."""
+        return self._events.get(key)
 
     def add(self, key: AggKey, event: Event) -> None:
         with self._lock:

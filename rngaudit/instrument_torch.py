@@ -1,4 +1,4 @@
-"""Torch instrumentation: a dispatch mode for seeded ops, wrappers for seeding and state calls."""
+"""Torch instrumentation: kernels for seeded aten ops at a spare dispatch key; seeding wrappers."""
 
 from __future__ import annotations
 
@@ -9,13 +9,12 @@ from collections.abc import Callable
 from sys import _getframe
 from typing import Any
 
-from rngaudit import fingerprint, naming
+from rngaudit import fingerprint, naming, seeded_ops
 from rngaudit.callsite import Stack
 from rngaudit.events import DRAW, SEED, STATE
 from rngaudit.recorder import ROLE_LOADER, ROLE_SAMPLER, GenInfo, Recorder
 
 log = logging.getLogger("rngaudit")
-_PENDING: list[Any] = []  # ctypes callbacks handed to the main thread: kept alive for good
 
 # (module path, attribute, kind) of the Python-level seeding and state functions.
 SEEDING = (
@@ -34,7 +33,186 @@ SEEDING = (
     ("torch.cuda", "set_rng_state_all", STATE),
 )
 
+# The functionality dispatch key the kernels are registered at: declared by torch (2.13) below
+# Autograd and Python, above BackendSelect, with nothing registered on it. A key that has
+# anything registered is refused (a later torch may use it): the dispatch mode is used then.
+KEY_NAME = "Fake"
+# Ops that must have no kernel at the key (besides the seeded ones) for it to count as unused.
+_PROBE_OPS = ("aten::add.Tensor", "aten::empty.memory_format", "aten::mm", "aten::copy_")
 
+NOT_A_DRAW = object()  # what OpSpec.generator returns for a call that draws nothing
+Handler = Callable[["OpSpec", tuple[Any, ...], dict[str, Any], Any], Any]
+
+
+class OpSpec:
+    """One seeded op: its report name and where its schema keeps generator, tensor and flags."""
+
+    __slots__ = ("call", "gen_pos", "name", "no_draw", "op", "tensor_kw", "tensor_pos")
+
+    def __init__(self, op: Any) -> None:
+        self.op = op
+        self.call = getattr(op, "_op", op)  # the C++ op itself: no OpOverload.__call__ frame
+        self.name = f"aten.{op.overloadpacket.__name__}"
+        self.gen_pos: int | None = None  # positional index of `generator` (None: keyword-only)
+        self.tensor_pos: int | None = None  # first positional Tensor argument
+        self.tensor_kw: str | None = None  # else a keyword-only one (`out`)
+        self.no_draw: list[tuple[int | None, str, Any, Any]] = []  # (pos, name, default, value)
+        for index, arg in enumerate(op._schema.arguments):
+            pos = None if arg.kwarg_only else index
+            if arg.name == "generator":
+                self.gen_pos = pos
+            elif str(arg.type) == "Tensor":
+                if pos is not None and self.tensor_pos is None:
+                    self.tensor_pos = pos
+                elif pos is None and self.tensor_kw is None:
+                    self.tensor_kw = arg.name
+            if arg.name in seeded_ops.NO_DRAW_WHEN:
+                default = arg.default_value if arg.has_default_value() else None
+                self.no_draw.append((pos, arg.name, default, seeded_ops.NO_DRAW_WHEN[arg.name]))
+
+    def generator(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The generator argument (None: the device's default), or NOT_A_DRAW."""
+        for pos, name, default, value in self.no_draw:
+            given = args[pos] if pos is not None and pos < len(args) else kwargs.get(name, default)
+            if given == value:
+                return NOT_A_DRAW
+        pos = self.gen_pos
+        if pos is not None and pos < len(args):
+            return args[pos]
+        return kwargs.get("generator")
+
+    def tensor(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        pos = self.tensor_pos
+        if pos is not None and pos < len(args):
+            return args[pos]
+        return kwargs.get(self.tensor_kw) if self.tensor_kw else None
+
+
+# -- the process-wide kernels (registered once, inert while the key is off) -------------------
+class KeyedKernels:
+    """Python kernels for :data:`seeded_ops.LEAF_OPS` at one dispatch key, registered once.
+
+    While the key is off on a thread they cost nothing measurable; :meth:`on` / :meth:`off`
+    switch it per thread. ``handler`` receives every seeded call made with the key on.
+    """
+
+    def __init__(self, torch: Any, key: Any) -> None:
+        self.key = key
+        self.handler: Handler | None = None
+        self._set = torch._C._dispatch_tls_set_dispatch_key_included
+        self._is = torch._C._dispatch_tls_is_dispatch_key_included
+        self.specs: dict[str, OpSpec] = {}
+        fallback = torch.library.Library("_", "IMPL")
+        fallback.fallback(torch.library.fallthrough_kernel, KEY_NAME)
+        lib = torch.library.Library("aten", "IMPL")
+        for qualified in seeded_ops.LEAF_OPS:
+            packet, _, overload = qualified.partition(".")
+            op = getattr(getattr(torch.ops.aten, packet, None), overload, None)
+            if op is None:  # not in this torch
+                continue
+            spec = OpSpec(op)
+            self.specs[qualified] = spec
+            lib.impl(qualified.removesuffix(".default"), self._kernel(spec), KEY_NAME)
+        self._libs = (fallback, lib)  # kept alive: a Library deregisters when collected
+
+    def _kernel(self, spec: OpSpec) -> Callable[..., Any]:
+        key, switch, op = self.key, self._set, spec.call
+
+        def kernel(*args: Any, **kwargs: Any) -> Any:
+            switch(key, False)  # what runs below (and the recorder's own ops) is not seen again
+            try:
+                handler = self.handler
+                if handler is None:
+                    return op(*args, **kwargs)
+                return handler(spec, args, kwargs, _getframe(1))
+            finally:
+                switch(key, True)
+
+        return kernel
+
+    def on(self) -> None:
+        """Switch the key on for this thread (threads started later do not inherit it)."""
+        self._set(self.key, True)
+
+    def off(self) -> None:
+        self._set(self.key, False)
+
+    def is_on(self) -> bool:
+        return bool(self._is(self.key))
+
+
+_keyed: KeyedKernels | None = None
+_keyed_state = "unknown"  # "unknown", "ready", "refused"
+_keyed_lock = threading.Lock()
+FORCE_DISPATCH_MODE = False  # tests force the fallback
+
+
+def key_is_free(torch: Any, name: str = KEY_NAME) -> Any:
+    """The dispatch key ``name`` when it exists and nothing is registered at it, else None."""
+    try:
+        key = torch._C._parse_dispatch_key(name)
+    except Exception:
+        return None
+    if key is None or not hasattr(torch._C, "_dispatch_tls_set_dispatch_key_included"):
+        return None
+    has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
+    if torch._C._dispatch_has_backend_fallback(key):
+        return None
+    probes = [*_PROBE_OPS, *(f"aten::{op}".removesuffix(".default") for op in seeded_ops.LEAF_OPS)]
+    for op_name in probes:
+        try:
+            if has_kernel(op_name, name):
+                return None
+        except RuntimeError:  # an op this torch does not have
+            continue
+    return key
+
+
+def keyed_kernels() -> KeyedKernels | None:
+    """The process's kernels, registered on first use (3-10 ms); None to use the dispatch mode."""
+    global _keyed, _keyed_state
+    if FORCE_DISPATCH_MODE:
+        return None
+    if _keyed_state != "unknown":
+        return _keyed
+    with _keyed_lock:
+        if _keyed_state == "unknown":
+            import torch
+
+            try:
+                key = key_is_free(torch)
+                _keyed = KeyedKernels(torch, key) if key is not None else None
+            except Exception:
+                log.debug("rngaudit: no kernels at the %s key", KEY_NAME, exc_info=True)
+                _keyed = None
+            _keyed_state = "ready" if _keyed is not None else "refused"
+        return _keyed
+
+
+def intercepting() -> bool:
+    """Whether this thread's seeded torch ops reach rngaudit now (the key, or the mode)."""
+    import sys
+
+    if "torch" not in sys.modules:
+        return False
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    keyed = _keyed
+    if keyed is not None and keyed.is_on() and keyed.handler is not None:
+        return True
+    mode: Any = _get_current_dispatch_mode()
+    return mode is not None and bool(getattr(mode, "active", True))
+
+
+def prepare() -> None:
+    """Register the kernels now if torch is loaded (called when arming, off the window path)."""
+    import sys
+
+    if "torch" in sys.modules:
+        keyed_kernels()
+
+
+# -- generators ------------------------------------------------------------------------------
 def _default_cpu(torch: Any) -> GenInfo:
     gen = torch.default_generator
     return naming.TORCH_DEFAULT, lambda: fingerprint.torch_generator(gen)
@@ -47,36 +225,39 @@ def _cuda_default(torch: Any, index: int | None) -> GenInfo:
     return naming.cuda_default(index), lambda: fingerprint.torch_generator(gen)
 
 
-def _device_of(torch: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    device = kwargs.get("device")
-    if device is not None:
-        return device if isinstance(device, torch.device) else torch.device(device)
-    for arg in args:
-        if isinstance(arg, torch.Tensor):
-            return arg.device
-    return None
-
-
 class TorchInstrumentation:
     """Installs and removes the torch side of the recorder."""
 
     def __init__(self, recorder: Recorder) -> None:
         self.rec = recorder
-        self.mode_class: Any = None
-        self.modes: dict[int, Any] = {}  # thread ident -> the mode pushed on that thread
-        self._modes_lock = threading.Lock()
+        self.mode_class: Any = None  # the fallback dispatch mode's class (the key is taken)
+        self.keyed: KeyedKernels | None = None
+        self.threads: dict[int, Any] = {}  # thread ident -> its mode, None for the key
+        self._threads_lock = threading.Lock()
         self._cpu_info: GenInfo | None = None
+        self.torch: Any = None
+        self._gens: dict[int, GenInfo] = {}
 
     def _cpu(self, stack: Stack) -> GenInfo:
-        if self._cpu_info is None:
+        info = self._cpu_info
+        if info is None:
             import torch
 
-            self._cpu_info = _default_cpu(torch)
-        return self._cpu_info
+            info = self._cpu_info = _default_cpu(torch)
+        return info
 
     # -- which generator ---------------------------------------------------------------------
-    def _explicit(self, torch: Any, gen: Any, stack: Stack) -> GenInfo:
+    def _explicit(self, gen: Any, stack: Stack) -> GenInfo:
+        """The name of an explicit generator, fixed at first sight (cached by its C address:
+        a named generator is held by the names, so its address is not reused)."""
         cdata = gen._cdata
+        info = self._gens.get(cdata)
+        if info is None:
+            info = self._gens[cdata] = self._name_explicit(gen, cdata, stack)
+        return info
+
+    def _name_explicit(self, gen: Any, cdata: int, stack: Stack) -> GenInfo:
+        torch = self.torch
         if cdata == torch.default_generator._cdata:
             return _default_cpu(torch)
         if gen.device.type == "cuda" and torch.cuda.is_initialized():
@@ -92,75 +273,64 @@ class TorchInstrumentation:
         name = self.rec.names.name("torch.Generator", cdata, gen, hint)
         return name, lambda: fingerprint.torch_generator(gen)
 
-    def _resolve(
-        self, torch: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Callable[[Stack], GenInfo | None]:
-        gen = kwargs.get("generator")
-        if gen is None:
-            device = _device_of(torch, args, kwargs)
-            if device is None or device.type == "cpu":
-                return self._cpu  # the common case: no per-call closure
-        return lambda stack: self._resolve_slow(torch, gen, args, kwargs, stack)
-
-    def _resolve_slow(
-        self, torch: Any, gen: Any, args: tuple[Any, ...], kwargs: dict[str, Any], stack: Stack
-    ) -> GenInfo | None:
-        if gen is not None:
-            return self._explicit(torch, gen, stack)
-        device = _device_of(torch, args, kwargs)
+    def _by_device(self, device: Any) -> Callable[[Stack], GenInfo | None]:
+        torch = self.torch
         if device.type == "cuda":
-            return _cuda_default(torch, device.index)
-        return f"torch.{device.type}.default_generator", lambda: None
+            return lambda stack: _cuda_default(torch, device.index)
+        name = f"torch.{device.type}.default_generator"
+        return lambda stack: (name, lambda: None)
+
+    # -- the draw handler (both mechanisms) ----------------------------------------------------
+    def _handle(
+        self, spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any], frame: Any
+    ) -> Any:
+        rec = self.rec
+        op = spec.call
+        if not rec.enabled or getattr(rec._local, "busy", False):
+            return op(*args, **kwargs)
+        try:
+            gen = spec.generator(args, kwargs)
+            if gen is NOT_A_DRAW:
+                return op(*args, **kwargs)
+            tensor = spec.tensor(args, kwargs)
+            resolve: GenInfo | Callable[[Stack], GenInfo | None]
+            if tensor is not None and not tensor.is_cpu and tensor.is_meta:
+                return op(*args, **kwargs)  # initialising a meta model draws nothing
+            if gen is not None:
+                known = self._gens.get(gen._cdata)
+                resolve = known or (lambda stack: self._explicit(gen, stack))
+            elif tensor is None or tensor.is_cpu:
+                resolve = self._cpu
+            else:
+                resolve = self._by_device(tensor.device)
+            event = rec.record(resolve, spec.name, DRAW, frame)
+        except Exception:  # the auditor must never break what it audits
+            log.debug("rngaudit: recording failed", exc_info=True)
+            event = None
+        out = op(*args, **kwargs)
+        if event is not None and event.sampler is not None:
+            self._digest(event, out, args)
+        return out
+
+    @staticmethod
+    def _digest(event: Any, out: Any, args: tuple[Any, ...]) -> None:
+        try:
+            import torch
+
+            tensor = out if isinstance(out, torch.Tensor) else args[0]
+            data = tensor.detach().cpu().contiguous().numpy()
+            event.sampler.output_digest = fingerprint.digest_bytes(data)
+        except Exception:
+            pass
 
     # -- install -------------------------------------------------------------------------------
     def install(self) -> None:
         import importlib
 
         import torch
-        from torch.utils._python_dispatch import TorchDispatchMode
 
         rec = self.rec
-        seeded_tag = torch.Tag.nondeterministic_seeded
-        op_names: dict[Any, str | None] = {}  # op -> report name, None when not seeded
-        local = rec._local
-        outer = self
-
-        class RNGAuditMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
-            """Sees every seeded aten op (rand, randperm, random_, bernoulli_, ...)."""
-
-            active = True  # False once retired: a mode that could not be popped passes through
-
-            @classmethod
-            def _should_skip_dynamo(cls) -> bool:
-                return False  # no dynamo wrapper: no 2 s import, no extra frames
-
-            @classmethod
-            def ignore_compile_internals(cls) -> bool:
-                # torch.compile traces and compiles as if no mode were pushed (otherwise dynamo
-                # skips the frame for good and the model runs eager, drawing other values);
-                # the compiled code's own runtime ops are still seen.
-                return True
-
-            def __torch_dispatch__(
-                self,
-                func: Any,
-                types: Any,
-                args: tuple[Any, ...] = (),
-                kwargs: dict[str, Any] | None = None,
-            ) -> Any:
-                kwargs = kwargs or {}
-                try:
-                    op = op_names[func]
-                except KeyError:
-                    seeded = seeded_tag in func.tags
-                    op = f"aten.{func.overloadpacket.__name__}" if seeded else None
-                    op_names[func] = op
-                if op is None or not self.active or not rec.enabled:
-                    return func(*args, **kwargs)
-                if getattr(local, "busy", False):
-                    return func(*args, **kwargs)
-                return outer._record_op(torch, func, op, args, kwargs)
-
+        self.torch = torch
         for module_name, attr, kind in SEEDING:
             try:
                 module = importlib.import_module(module_name)
@@ -169,48 +339,79 @@ class TorchInstrumentation:
             if hasattr(module, attr):
                 wrapper = self._seeding_wrapper(torch, module_name, attr, kind)
                 rec.patches.wrap(module, attr, wrapper)
-        self.mode_class = RNGAuditMode
+        keyed = keyed_kernels()
+        if keyed is not None:
+            self.keyed = keyed
+            keyed.handler = self._handle
+        else:
+            self.mode_class = _dispatch_mode(torch, self._handle)
         rec.torch = self
         rec.add_undo(self.pop_all)
         self.push_here()
 
-    # -- the dispatch mode, one per thread -----------------------------------------------------
-    # TorchDispatchMode stacks are thread-local: a mode is pushed on each thread that opens a
-    # window and popped on that same thread when its last window there closes.
+    # -- per thread ------------------------------------------------------------------------------
+    # The dispatch key's inclusion and a TorchDispatchMode stack are both thread-local: each
+    # thread that opens a window switches torch's interception on for itself, and off on that
+    # same thread when its last window there closes.
     def push_here(self) -> None:
-        """Push a mode on this thread's dispatch stack (once per thread)."""
+        """Switch the interception on for this thread (once per thread)."""
         ident = threading.get_ident()
-        with self._modes_lock:
-            if ident in self.modes or self.mode_class is None:
+        with self._threads_lock:
+            if ident in self.threads:
                 return
-            mode = self.modes[ident] = self.mode_class()
-        mode.__enter__()
+            if self.keyed is not None:
+                self.threads[ident] = None
+            elif self.mode_class is not None:
+                self.threads[ident] = self.mode_class()
+            else:
+                return
+            mode = self.threads[ident]
+        if mode is None:
+            assert self.keyed is not None
+            self.keyed.on()
+        else:
+            mode.__enter__()
 
     def pop_here(self) -> None:
-        """Pop this thread's mode, if it pushed one."""
-        with self._modes_lock:
-            mode = self.modes.pop(threading.get_ident(), None)
-        if mode is not None:
+        """Switch this thread's interception off, if it switched it on."""
+        ident = threading.get_ident()
+        with self._threads_lock:
+            if ident not in self.threads:
+                return
+            mode = self.threads.pop(ident)
+        if mode is None:
+            if self.keyed is not None:
+                self.keyed.off()
+        else:
             _pop_own(mode)
 
     def forget_other_threads(self) -> None:
-        """In a forked child only the forking thread exists: the others' modes are gone."""
+        """In a forked child only the forking thread exists: the others' switches are gone."""
         ident = threading.get_ident()
-        with self._modes_lock:
-            self.modes = {i: m for i, m in self.modes.items() if i == ident}
+        with self._threads_lock:
+            self.threads = {i: m for i, m in self.threads.items() if i == ident}
 
     def pop_all(self) -> None:
-        """At the outermost window's end: pop this thread's mode; another thread's mode is
-        retired at once and popped on its own thread (the main thread's at its next bytecode
-        boundary), or, for a thread that cannot be reached, left retired with a warning."""
+        """At the outermost window's end: switch this thread off. Another thread that still has
+        the interception on gets pass-through kernels (the key's handler is cleared: a seeded op
+        there costs a redispatch, other ops nothing); a mode left on another thread is retired
+        and popped on its own thread (the main thread's at its next bytecode boundary)."""
         self.rec.torch = None
         self.pop_here()
-        with self._modes_lock:
-            others, self.modes = self.modes, {}
+        with self._threads_lock:
+            others, self.threads = self.threads, {}
             self.mode_class = None
+        keyed, self.keyed = self.keyed, None
+        if keyed is not None:
+            keyed.handler = None
         for ident, mode in others.items():
+            on_main = ident == threading.main_thread().ident
+            if mode is None:  # the key, left on another thread: pass-through from now on,
+                if on_main and keyed is not None:  # and switched off there when it can be
+                    _on_main_thread(keyed.off)
+                continue
             mode.active = False
-            if ident == threading.main_thread().ident and _on_main_thread(
+            if on_main and _on_main_thread(
                 functools.partial(_pop_own, mode)
             ):
                 continue
@@ -221,29 +422,6 @@ class TorchInstrumentation:
                 ident,
                 threading.current_thread().name,
             )
-
-    def _record_op(
-        self, torch: Any, func: Any, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Any:
-        rec = self.rec
-        local = rec._local
-        local.busy = True
-        try:
-            try:
-                event = rec.record(self._resolve(torch, args, kwargs), op, DRAW, _getframe(1))
-            except Exception:  # the auditor must never break what it audits
-                event = None
-            out = func(*args, **kwargs)
-            if event is not None and event.sampler is not None:
-                try:
-                    tensor = out if isinstance(out, torch.Tensor) else args[0]
-                    data = tensor.detach().cpu().contiguous().numpy()
-                    event.sampler.output_digest = fingerprint.digest_bytes(data)
-                except Exception:
-                    pass
-            return out
-        finally:
-            local.busy = False
 
     def _seeding_wrapper(self, torch: Any, module_name: str, attr: str, kind: str) -> Any:
         rec = self.rec
@@ -263,6 +441,56 @@ class TorchInstrumentation:
             return rec.call(wrapped, args, kw, resolve, op, kind)
 
         return wrapper
+
+
+def _dispatch_mode(torch: Any, handle: Handler) -> Any:
+    """The fallback: a Python dispatch mode class (one instance pushed per thread) that sees
+    every aten op (+5 µs on each)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seeded_tag = torch.Tag.nondeterministic_seeded
+    specs: dict[Any, OpSpec | None] = {}  # op -> its spec, None when not seeded
+
+    class RNGAuditMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
+        """Sees every seeded aten op (rand, randperm, random_, bernoulli_, ...)."""
+
+        active = True  # False once retired: a mode that could not be popped passes through
+
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            return False  # no dynamo wrapper: no 2 s import, no extra frames
+
+        @classmethod
+        def ignore_compile_internals(cls) -> bool:
+            # torch.compile traces as if no mode were pushed (otherwise dynamo skips the frame
+            # for good and the model runs eager); the compiled code's own ops are still seen
+            return True
+
+        def __torch_dispatch__(
+            self,
+            func: Any,
+            types: Any,
+            args: tuple[Any, ...] = (),
+            kwargs: dict[str, Any] | None = None,
+        ) -> Any:
+            kwargs = kwargs or {}
+            try:
+                spec = specs[func]
+            except KeyError:
+                seeded = seeded_tag in func.tags and _qualified(func) not in seeded_ops.NOT_DRAWS
+                spec = specs[func] = OpSpec(func) if seeded else None
+            if spec is None or not self.active:
+                return func(*args, **kwargs)
+            return handle(spec, args, kwargs, _getframe(1))
+
+    return RNGAuditMode
+
+
+def _qualified(op: Any) -> str:
+    return f"{op.overloadpacket.__name__}.{op._overloadname}"
+
+
+_PENDING: list[Any] = []  # ctypes callbacks handed to the main thread: kept alive for good
 
 
 def _pop_own(mode: Any) -> None:

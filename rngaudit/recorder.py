@@ -195,26 +195,39 @@ class Recorder:
 
     def record(
         self,
-        generator: Callable[[callsite.Stack], GenInfo | None],
+        generator: GenInfo | Callable[[callsite.Stack], GenInfo | None],
         op: str,
         kind: str,
         frame: Any,
         skip_stdlib_callers: bool = False,
     ) -> Event | None:
+        """Count one draw at ``frame``; returns the event when it is the first of its key.
+
+        ``generator`` is the (name, fingerprint function) pair, or a function of the stack
+        that returns it (None: nothing is recorded). The repeat path takes no lock.
+        """
         stack = callsite.walk(frame)
         if skip_stdlib_callers and stack.stdlib_caller:
             return None
-        resolved = generator(stack)
+        resolved = generator if generator.__class__ is tuple else generator(stack)  # type: ignore[operator]
         if resolved is None:
             return None
         gen_name, fp = resolved
         phase = ITERATION if self.iteration_started else PRE_ITERATION
         sampler = None
-        if stack.marked:  # only draws made inside known samplers/loaders have marked frames
-            sampler = self._sampler_info(stack.marked)
-            if any(role == ROLE_ITERATION for role, _ in stack.marked):
+        marked = stack.marked
+        if marked:  # only draws made inside known samplers/loaders have marked frames
+            sampler = self._sampler_info(marked)
+            if any(role == ROLE_ITERATION for role, _ in marked):
                 phase = ITERATION
-        thread = current_thread()
+        # The thread is in the key, so only this thread ever bumps this event: the repeat path
+        # needs no lock (a dict lookup is atomic). The Thread object (not its ident, which a
+        # later thread may reuse) is cached per thread.
+        local = self._local
+        try:
+            thread = local.thread
+        except AttributeError:
+            thread = local.thread = current_thread()
         key = (
             self.audit_index,
             gen_name,
@@ -224,13 +237,15 @@ class Recorder:
             stack.user_site,
             sampler.chain if sampler else None,
             phase,
-            thread.ident,
-            thread.name,
+            thread,
         )
-        if self.log.bump(key):
+        log = self.log
+        existing = log.get(key)
+        if existing is not None:
+            existing.count += 1
             return None
         event = Event(
-            seq=self.log.next_seq(),
+            seq=log.next_seq(),
             audit=self.audit_index,
             generator=gen_name,
             op=op,
@@ -244,7 +259,7 @@ class Recorder:
             phase=phase,
             sampler=sampler,
         )
-        self.log.add(key, event)
+        log.add(key, event)
         return event
 
     def _sampler_info(self, marked: tuple[tuple[str, Any], ...]) -> SamplerInfo | None:

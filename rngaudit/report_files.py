@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import glob
 import json
+import logging
 import os
 import re
 import socket
 import tempfile
+import threading
 import time
+from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger("rngaudit")
 
 RANK_FILE = "rank-{rank}.json"
 MERGED_FILE = "report.json"
@@ -24,8 +31,18 @@ STALE_AFTER = 3600.0  # seconds: a temp file this old is stale whoever wrote it
 _HOST = socket.gethostname().replace(".", "_")
 
 
+def encode(data: dict[str, Any]) -> str:
+    # json.dumps, not json.dump: dump() to a file runs the pure-Python encoder (4x slower)
+    return json.dumps(data, separators=(",", ":")) + "\n"
+
+
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write ``data`` to ``path`` atomically (temp file + rename in the same directory).
+    """Write ``data`` to ``path`` atomically (temp file + rename in the same directory)."""
+    write_text(path, encode(data))
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (temp file + rename in the same directory).
 
     Temp files left by an earlier writer of ``path`` that was killed (``kill -9``) are removed.
     """
@@ -36,8 +53,7 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     )
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            # json.dumps, not json.dump: dump() to a file runs the pure-Python encoder (4x slower)
-            fh.write(json.dumps(data, separators=(",", ":")) + "\n")
+            fh.write(text)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
@@ -126,3 +142,78 @@ def set_aside(report_dir: Path, run_id: str | None = None) -> list[Path]:
             continue
     return moved
 
+
+class _Writer:
+    """Runs file-writing jobs in order on one background thread, off the audit's exit path.
+
+    The thread is started once and waits for jobs (handing it one is a list append and a
+    notify: no thread start on the exit path). At shutdown, also of a multiprocessing child,
+    :func:`flush` runs before the interpreter stops threads; a forked child drops the queue.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: deque[Callable[[], None]] = deque()
+        self._cond = threading.Condition()
+        self._pending = 0
+        self._thread: threading.Thread | None = None
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self._cond:
+            self._jobs.append(job)
+            self._pending += 1
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="rngaudit-report-writer", daemon=True
+                )
+                self._thread.start()
+                _at_shutdown(self.flush)
+            else:
+                self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._jobs:
+                    self._cond.wait()
+                job = self._jobs.popleft()
+            try:
+                job()
+            except Exception:  # the verdict was given; the report stays in memory
+                log.warning("rngaudit: could not write a report file", exc_info=True)
+            finally:
+                with self._cond:
+                    self._pending -= 1
+                    self._cond.notify_all()
+
+    def flush(self, timeout: float | None = 60.0) -> bool:
+        """Wait until every submitted write is done; False if ``timeout`` passed first."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._pending == 0, timeout)
+
+    def reset_in_child(self) -> None:
+        self._jobs.clear()
+        self._pending = 0
+        self._thread = None
+        self._cond = threading.Condition()
+
+
+def _at_shutdown(callback: Callable[[], object]) -> None:
+    """Run ``callback`` when the interpreter shuts down, before daemon threads stop: at
+    ``threading._shutdown`` (which multiprocessing children run too), else at exit."""
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        if register is not None:
+            register(callback)
+            return
+    except RuntimeError:  # already shutting down
+        pass
+    atexit.register(callback)
+
+
+WRITER = _Writer()
+os.register_at_fork(after_in_child=WRITER.reset_in_child)
+
+
+def flush(timeout: float | None = 60.0) -> bool:
+    """Wait for report files written in the background (after ``audit()`` exits)."""
+    return WRITER.flush(timeout)

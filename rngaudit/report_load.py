@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from rngaudit import report_files
 from rngaudit.errors import ReportError
 from rngaudit.findings import RANK_MISSING, SEVERITIES, Finding, format_ranks
 from rngaudit.report import SCHEMA_VERSION, AuditReport
@@ -118,6 +119,7 @@ def load_report_dir(path: str | os.PathLike[str]) -> AuditReport:
     Raises :class:`~rngaudit.errors.ReportError`, with a one-line message, for any input
     that cannot be used.
     """
+    report_files.flush()  # files this process is still writing in the background
     directory = Path(path)
     if not directory.exists():
         raise ReportError(f"report directory not found: {directory}")

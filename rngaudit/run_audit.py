@@ -10,7 +10,15 @@ from typing import Any
 
 import wrapt
 
-from rngaudit import config, epoch_check, exchange, instrument_loaders, session, sharding
+from rngaudit import (
+    config,
+    epoch_check,
+    exchange,
+    instrument_loaders,
+    instrument_torch,
+    session,
+    sharding,
+)
 from rngaudit.audit import act
 from rngaudit.callsite import here
 from rngaudit.errors import ConfigError
@@ -73,6 +81,7 @@ class RunAudit:
 
     # -- lifecycle -----------------------------------------------------------------------
     def arm(self) -> None:
+        instrument_torch.prepare()  # one-time kernel registration when torch is loaded already
         self.index = self.session.reserve()
         self.entry = RECORDER.snapshot()
         self.start_seq = RECORDER.begin(self.index)

@@ -76,6 +76,7 @@ class Session:
         strict: bool = False,
         identity: str | None = None,
         interrupted: bool = False,
+        background_write: bool = False,
     ) -> AuditReport:
         """Exchange ``record`` with the other ranks, compare, write the files.
 
@@ -151,7 +152,7 @@ class Session:
                 self._accumulate(record, index)  # arrived after the decision: still its file
             self.findings.extend(found)
             self.audits.append(entry)
-            self.write()
+            self.write(background=background_write)
         return AuditReport(
             findings=found,
             ranks=arrived,
@@ -232,11 +233,13 @@ class Session:
             )
             self.pending = []
 
-    def write(self) -> None:
+    def write(self, background: bool = False) -> None:
         """Write this rank's file, and on rank 0 the merged report.
 
-        The first write of a run moves files an earlier run left in the directory to
-        ``previous/`` (see :func:`report_files.set_aside`): a new run never destroys them.
+        ``background``: the files are written on rngaudit's writer thread, in order, after
+        this returns (:func:`report_files.flush` waits for them). The first write of a run
+        moves files an earlier run left in the directory to ``previous/`` (see
+        :func:`report_files.set_aside`): a new run never destroys them.
         """
         with self._lock:
             merged = self.report()
@@ -252,18 +255,30 @@ class Session:
                 "findings": [f.to_dict() for f in self.findings],
                 "record": own,
             }
+            # Encoded now, under the lock: what is written is this moment's report.
+            rank_text = report_files.encode(rank_doc)
+            merged_text = report_files.encode(merged.to_dict()) if self.rank == 0 else None
+            report_dir, run_id = self.report_dir, self.run_id
+            rank_path = report_files.rank_path(report_dir, self.rank)
+            set_aside = self._set_aside_for != run_id
+            self._set_aside_for = run_id
+
+            def job() -> None:
+                if set_aside:
+                    report_files.set_aside(report_dir, run_id)
+                report_files.write_text(rank_path, rank_text)
+                if merged_text is not None:
+                    report_files.write_text(report_files.merged_path(report_dir), merged_text)
+
             try:
-                if self._set_aside_for != self.run_id:
-                    report_files.set_aside(self.report_dir, self.run_id)
-                    self._set_aside_for = self.run_id
-                report_files.write_json(
-                    report_files.rank_path(self.report_dir, self.rank), rank_doc
-                )
-                if self.rank == 0:
-                    report_files.write_json(
-                        report_files.merged_path(self.report_dir), merged.to_dict()
-                    )
+                report_dir.mkdir(parents=True, exist_ok=True)  # fails now, not in the background
+                if background:
+                    report_files.WRITER.submit(job)
+                else:
+                    report_files.flush()  # earlier background writes first: files stay in order
+                    job()
             except OSError as exc:  # the verdict still stands; the report stays in memory
+                self._set_aside_for = None
                 warnings.warn(
                     f"rngaudit: cannot write the report to {self.report_dir}: {exc.strerror or exc}"
                     " (set report_dir= or RNGAUDIT_REPORT_DIR to a writable directory)",

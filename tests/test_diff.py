@@ -91,14 +91,20 @@ def test_an_extra_draw_is_named_at_its_line(
     rank = data["ranks"][0]
     assert rank["reason"] == "only-in-b"
     extra = rank["b"]
-    assert (extra["op"], extra["generator"]) == ("aten.rand", "torch.default_generator")
+    # torch.rand is seen as its leaf op: the call site says what the user called
+    assert (extra["op"], extra["generator"]) == ("aten.uniform_", "torch.default_generator")
     assert extra["call_site"]["file"].endswith("seeded_diff.py")
     assert extra["call_site"]["line"] == line_of("extra-draw")
     assert rank["a"]["user_call_site"]["line"] == line_of("model-init")  # where A goes on
     assert rank["before"][-1]["op"] == "torch.manual_seed"
-    after = {(c["op"], c["count_a"], c["count_b"], c["states_differ"]) for c in rank["after"]}
-    assert ("aten.rand", 0, 1, False) in after
-    assert ("aten.uniform_", 1, 1, True) in after  # the model's init drew from another state
+    after = {
+        (c["op"], c["count_a"], c["count_b"], c["states_differ"], c["site"].split(" ")[0])
+        for c in rank["after"]
+    }
+    extra_site = f"seeded_diff.py:{line_of('extra-draw')}"
+    assert ("aten.uniform_", 0, 1, False, extra_site) in after
+    # the model's init drew from another state
+    assert any(a[:4] == ("aten.uniform_", 1, 1, True) and a[4] != extra_site for a in after)
 
     assert main(["diff", str(runs["base"]), str(runs["extra"])]) == 1
     text = capsys.readouterr().out
@@ -108,7 +114,7 @@ def test_an_extra_draw_is_named_at_its_line(
 
     reverse = diff_dirs(runs["extra"], runs["base"])
     assert reverse.ranks[0].reason == "only-in-a"
-    assert reverse.ranks[0].a is not None and reverse.ranks[0].a["op"] == "aten.rand"
+    assert reverse.ranks[0].a is not None and reverse.ranks[0].a["op"] == "aten.uniform_"
 
 
 def test_a_different_seed_is_listed_first_then_the_first_draw_it_changed(

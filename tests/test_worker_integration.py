@@ -22,6 +22,7 @@ def test_audit_block_raises_by_the_first_batch(report_dir: Path) -> None:
         rngaudit.audit(report_dir=report_dir),
     ):
         next(iter(loader))
+    assert rngaudit.wait_for_reports()
     merged = json.loads((report_dir / "report.json").read_text())
     kinds = {(f["kind"], f["severity"]) for f in merged["findings"]}
     assert ("worker-duplicate-stream", "error") in kinds

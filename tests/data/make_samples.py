@@ -93,7 +93,7 @@ def record(rank: int, extra_draw: bool) -> dict[str, Any]:
     sampler_state = "3b4c5d6e7f809112"
     if extra_draw:
         rand = site(USER, 35, "main")
-        events.append(event(GLOBAL, "aten.rand", "draw", [rand], rand, states[0]))
+        events.append(event(GLOBAL, "aten.uniform_", "draw", [rand], rand, states[0]))
         states = ["a1b2c3d4e5f60718", "d4c3b2a190817263"]
         sampler_state = "f0e1d2c3b4a59687"
     accelerator_prepare = site(SP + "accelerate/accelerator.py", 2412, "prepare")
@@ -170,7 +170,7 @@ FINDINGS = [
         "call_site": site(SP + "torch/utils/data/sampler.py", 172, "__iter__"),
         "user_call_site": site(USER, 38, "main"),
         "remedy": (
-            f"Rank 0 drew from {GLOBAL} before accelerator.prepare() (aten.rand at train.py:35 "
+            f"Rank 0 drew from {GLOBAL} before accelerator.prepare() (aten.uniform_ at train.py:35 "
             "in main). Make that draw on every rank, move it after the first batch, or give it "
             "a private torch.Generator."
         ),
@@ -181,7 +181,7 @@ FINDINGS = [
         "severity": "warning",
         "message": (
             "Rank 0 made 4 draws before the first batch, rank 1 made 3: the extra one is "
-            f"aten.rand from {GLOBAL}."
+            f"aten.uniform_ from {GLOBAL}."
         ),
         "ranks": [0],
         "audit": 0,

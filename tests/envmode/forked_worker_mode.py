@@ -1,4 +1,4 @@
-"""Workers forked inside an audit window must not inherit its dispatch mode or patches."""
+"""Workers forked inside an audit window must not inherit its torch interception or patches."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import random
 import sys
 
 import torch
-from torch.utils._python_dispatch import _get_current_dispatch_mode
 from torch.utils.data import DataLoader, Dataset
 
 import rngaudit
+from rngaudit.instrument_torch import intercepting
 
 
 class Probe(Dataset[torch.Tensor]):
@@ -21,7 +21,7 @@ class Probe(Dataset[torch.Tensor]):
         return 4
 
     def __getitem__(self, index: int) -> torch.Tensor:
-        clean = _get_current_dispatch_mode() is None and random.random is self.original_random
+        clean = not intercepting() and random.random is self.original_random
         return torch.tensor([float(clean)])
 
 

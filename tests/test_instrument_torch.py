@@ -1,0 +1,170 @@
+"""Torch interception: the static op list, the dispatch-key kernels, the dispatch-mode fallback."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import rngaudit
+from rngaudit import instrument_torch, seeded_ops
+from rngaudit.instrument_torch import intercepting
+from rngaudit.recorder import RECORDER
+
+
+def _installed_leaf_ops() -> set[str]:
+    """Seeded aten ops of the installed torch with a backend kernel (no composite kernel)."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    found = set()
+    for qualified in torch._C._dispatch_get_all_op_names():
+        namespace, _, rest = qualified.partition("::")
+        if namespace != "aten":
+            continue
+        name, _, overload = rest.partition(".")
+        op = getattr(getattr(torch.ops.aten, name, None), overload or "default", None)
+        if op is None or torch.Tag.nondeterministic_seeded not in op.tags:
+            continue
+        if has(op.name(), "CompositeImplicitAutograd"):
+            continue
+        if has(op.name(), "CompositeExplicitAutograd"):
+            continue
+        found.add(f"{name}.{overload or 'default'}")
+    return found
+
+
+def test_the_static_op_list_matches_the_installed_torchs_seeded_tags() -> None:
+    installed = _installed_leaf_ops()
+    listed = set(seeded_ops.LEAF_OPS)
+    assert not listed & set(seeded_ops.NOT_DRAWS)
+    assert installed - set(seeded_ops.NOT_DRAWS) == listed, (
+        f"new in torch: {sorted(installed - listed - set(seeded_ops.NOT_DRAWS))}; "
+        f"gone from torch: {sorted(listed - installed)}"
+    )
+
+
+@pytest.fixture(params=["key", "mode"])
+def mechanism(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Each test runs with the dispatch-key kernels and with the forced dispatch-mode fallback."""
+    if request.param == "mode":
+        monkeypatch.setattr(instrument_torch, "FORCE_DISPATCH_MODE", True)
+    else:
+        assert instrument_torch.keyed_kernels() is not None, "torch 2.13's Fake key is free"
+    yield str(request.param)
+
+
+def _draws(a: rngaudit.Audit) -> list[dict[str, Any]]:
+    assert a.report is not None
+    events = a.report.ranks[0]["events"]
+    return [e for e in events if e["kind"] == "draw" and e["op"].startswith("aten.")]
+
+
+def test_the_mechanism_in_use_is_the_forced_one(mechanism: str, report_dir: Path) -> None:
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    with rngaudit.audit(mode="report", report_dir=report_dir):
+        assert intercepting()
+        assert (_get_current_dispatch_mode() is not None) == (mechanism == "mode")
+    assert not intercepting()
+
+
+def test_a_positional_generator_is_charged_to_that_generator(
+    mechanism: str, report_dir: Path
+) -> None:
+    gen = torch.Generator().manual_seed(3)
+    rates = torch.full((4,), 2.0)
+    with rngaudit.audit(mode="report", report_dir=report_dir) as a:
+        torch.poisson(rates, gen)
+        torch._standard_gamma(rates, gen)
+    draws = _draws(a)
+    assert {e["op"] for e in draws} == {"aten.poisson", "aten._standard_gamma"}
+    assert {e["generator"] for e in draws} == {"torch.Generator#1"}
+
+
+def test_rrelu_outside_training_draws_nothing(mechanism: str, report_dir: Path) -> None:
+    x = torch.randn(8)
+    with rngaudit.audit(mode="report", report_dir=report_dir) as a:
+        torch.nn.functional.rrelu(x, training=False)
+    assert _draws(a) == []
+    with rngaudit.audit(mode="report", report_dir=report_dir) as b:
+        torch.nn.functional.rrelu(x, training=True)
+    assert [e["op"] for e in _draws(b)] == ["aten.rrelu_with_noise"]
+
+
+def test_initialising_a_meta_model_draws_nothing(mechanism: str, report_dir: Path) -> None:
+    before = torch.get_rng_state()
+    with rngaudit.audit(mode="report", report_dir=report_dir) as a:
+        layer = torch.nn.Linear(64, 64, device="meta")
+        torch.nn.init.normal_(torch.empty(3, device="meta"))
+    assert layer.weight.is_meta
+    assert torch.equal(torch.get_rng_state(), before)  # indeed nothing was drawn
+    assert _draws(a) == []
+
+
+def test_draws_are_seen_and_values_bit_identical(mechanism: str, report_dir: Path) -> None:
+    def work() -> list[torch.Tensor]:
+        torch.manual_seed(7)
+        gen = torch.Generator().manual_seed(9)
+        return [
+            torch.rand(3),
+            torch.randperm(9, generator=gen),
+            torch.nn.functional.dropout(torch.ones(6), 0.5, training=True),
+            torch.empty(4).exponential_(),
+            torch.poisson(torch.full((3,), 4.0), gen),
+            torch.get_rng_state(),
+            gen.get_state(),
+        ]
+
+    plain = work()
+    with rngaudit.audit(mode="report", report_dir=report_dir) as a:
+        audited = work()
+    assert all(torch.equal(p, q) for p, q in zip(plain, audited, strict=True))
+    ops = {(e["op"], e["generator"]) for e in _draws(a)}
+    rand_op = "aten.uniform_" if mechanism == "key" else "aten.rand"  # leaf vs composite name
+    assert (rand_op, "torch.default_generator") in ops
+    assert ("aten.randperm", "torch.Generator#1") in ops
+    assert ("aten.bernoulli_", "torch.default_generator") in ops
+    assert ("aten.exponential_", "torch.default_generator") in ops
+    assert ("aten.poisson", "torch.Generator#1") in ops
+
+
+def test_nested_windows_keep_interception_until_the_outer_end(
+    mechanism: str, report_dir: Path
+) -> None:
+    outer = RECORDER.begin(0)
+    try:
+        inner = RECORDER.begin(0)
+        torch.rand(2)
+        RECORDER.end()
+        assert intercepting()
+        torch.rand(2)
+        events = RECORDER.events_since(inner, 0)
+        assert sum(e["count"] for e in events if e["kind"] == "draw") == 2
+        assert RECORDER.events_since(outer, 0)
+    finally:
+        RECORDER.end()
+    assert not intercepting()
+
+
+def test_other_threads_are_not_intercepted(mechanism: str, report_dir: Path) -> None:
+    seen: list[bool] = []
+    with rngaudit.audit(mode="report", report_dir=report_dir) as a:
+        def other() -> None:
+            seen.append(intercepting())
+            torch.rand(2)
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join(timeout=30)
+    assert seen == [False]
+    assert _draws(a) == []
+
+
+def test_a_key_with_registrations_is_refused() -> None:
+    assert instrument_torch.key_is_free(torch, "CPU") is None  # every op has a CPU kernel
+    assert instrument_torch.key_is_free(torch, "NoSuchKey") is None
+    assert instrument_torch.keyed_kernels() is not None  # torch 2.13: the Fake key was free
+    assert instrument_torch.key_is_free(torch) is None  # now it holds rngaudit's own kernels
