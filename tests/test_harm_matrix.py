@@ -41,6 +41,7 @@ MUST_STAY_CLEAN = [
     "set_epoch_correct",
     "set_epoch_forgotten",
     "eval_all_ranks",
+    "rank0_only_eval_loader",
 ]
 DATASET = {"random_split_per_rank", "subset_randperm_accelerate", "shuffled_list_accelerate"}
 HOWS = ["block", "env"]
@@ -179,3 +180,5 @@ def test_every_rank_leaves_its_report(runs: dict[str, Any], how: str) -> None:
     assert merged["world_size"] == NPROC
     kinds = {f["kind"] for f in merged["findings"]}
     assert {"sampler-draw-divergence", "dataset-divergence"} <= kinds
+    # a loader only rank 0 iterates (rank0_only_eval_loader) is never exchanged: nobody waited
+    assert "rank-missing" not in kinds

@@ -304,6 +304,21 @@ def resume_from_stale_checkpoint(ctx: Ctx) -> Plan:
     return Plan(Resuming(), epochs=2, before_epoch=before, after_epoch=after)
 
 
+def rank0_only_eval_loader(ctx: Ctx) -> Plan:
+    """Training with a DistributedSampler; after each epoch rank 0 alone iterates an evaluation
+    loader (no DistributedSampler): it is not exchanged, so nothing waits or raises."""
+    seed_all(0)
+    loader, sampler = _dist_loader(ctx, Items(N), seed=3)
+    evaluation = DataLoader(Items(8), batch_size=4, shuffle=True)
+
+    def evaluate(epoch: int) -> None:
+        if ctx.rank == 0:
+            for _batch in evaluation:
+                pass
+
+    return Plan(loader, epochs=2, before_epoch=sampler.set_epoch, after_epoch=evaluate)
+
+
 def eval_all_ranks(ctx: Ctx) -> Plan:
     acc = ctx.accelerator(stateful=False)
     seed_all(42)
@@ -334,6 +349,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("mid_training_rank0_eval", mid_training_rank0_eval, True),
         Scenario("resume_from_stale_checkpoint", resume_from_stale_checkpoint, True),
         Scenario("eval_all_ranks", eval_all_ranks, True),
+        Scenario("rank0_only_eval_loader", rank0_only_eval_loader, True),
     ]
 }
 
