@@ -14,7 +14,14 @@ from contextlib import ContextDecorator
 from types import TracebackType
 from typing import Any, TypeVar
 
-from rngaudit import config, epoch_check, instrument_loaders, instrument_torch, session
+from rngaudit import (
+    config,
+    epoch_check,
+    instrument_loaders,
+    instrument_torch,
+    instrumentation,  # noqa: F401  (registers the recorder's installer)
+    session,
+)
 from rngaudit.callsite import here
 from rngaudit.errors import (
     RNGAuditError,

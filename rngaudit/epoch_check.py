@@ -83,7 +83,6 @@ class EpochGuard:
     def __init__(self) -> None:
         self.patches = PatchSet()
         self.installed = False
-        self._hooks = False
         self._lock = threading.RLock()
         self.everything: Watch | None = None  # RNGAUDIT: every sharded loader
         self.open: list[Watch] = []  # with-blocks open now: sharded loaders in them
@@ -137,17 +136,13 @@ class EpochGuard:
 
     # -- wrappers ----------------------------------------------------------------------------
     def install(self) -> None:
-        if not self._hooks:
-            self._hooks = True
-            wrapt.register_post_import_hook(self._on_import, "torch.utils.data.dataloader")
-            wrapt.register_post_import_hook(self._on_import, "accelerate.data_loader")
-        self.installed = True
-        import sys
-
-        for name in ("torch.utils.data.dataloader", "accelerate.data_loader"):
-            module = sys.modules.get(name)
-            if module is not None:
-                self._on_import(module)
+        """Wrap the iterator classes now or when imported (the ledger's import hooks)."""
+        with self._lock:
+            if self.installed:
+                return
+            self.installed = True
+            for name in ("torch.utils.data.dataloader", "accelerate.data_loader"):
+                self.patches.when_imported(name, self._on_import)
 
     def _on_import(self, module: Any) -> None:
         with self._lock:

@@ -346,7 +346,7 @@ class TorchInstrumentation:
         else:
             self.mode_class = _dispatch_mode(torch, self._handle)
         rec.torch = self
-        rec.add_undo(self.pop_all)
+        rec.patches.add_undo(self.pop_all)
         self.push_here()
 
     # -- per thread ------------------------------------------------------------------------------

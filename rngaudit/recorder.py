@@ -12,6 +12,7 @@ from threading import current_thread
 from typing import Any
 
 from rngaudit import callsite, fingerprint, naming
+from rngaudit.errors import RNGAuditError
 from rngaudit.events import ITERATION, PRE_ITERATION, Event, EventLog, SamplerInfo
 from rngaudit.patching import PatchSet
 
@@ -37,15 +38,16 @@ class Recorder:
         self.audit_index = 0
         self.iteration_started = False
         self._local = threading.local()
-        self._instrumented: list[Callable[[], None]] = []  # undo callbacks, LIFO
         self._depth = 0
         self._outer_indices: list[int] = []
         self.new_loaders: list[Any] = []  # DataLoaders built while a window is open
-        self.loader_classes: list[tuple[Any, str]] = []
         self._window_lock = threading.RLock()
         self._fork_handler = False
         self._thread_windows: dict[int, int] = {}  # thread ident -> windows it has open
         self.torch: Any = None  # the TorchInstrumentation while installed (per-thread modes)
+        # Installs the instrumentation for an outermost window (rngaudit.instrumentation
+        # registers it: the recorder does not import the instrumentation).
+        self.installer: Callable[[Recorder], None] | None = None
 
     # -- windows ---------------------------------------------------------------------------
     def begin(self, audit_index: int) -> int:
@@ -55,14 +57,14 @@ class Recorder:
         """
         with self._window_lock:
             if self._depth == 0:
-                from rngaudit.instrumentation import Instrumentation
-
+                if self.installer is None:
+                    raise RNGAuditError("no instrumentation registered (import rngaudit first)")
                 if not self._fork_handler:
                     os.register_at_fork(after_in_child=self.disable_in_child)
                     self._fork_handler = True
                 self.enabled = True
                 try:
-                    Instrumentation(self).install()
+                    self.installer(self)
                 except BaseException:
                     self.uninstrument()
                     raise
@@ -110,7 +112,6 @@ class Recorder:
                 self.names.clear()
                 self.loaders.clear()
                 self.new_loaders.clear()
-                self.loader_classes.clear()
                 self.log = EventLog()
             return states
 
@@ -119,22 +120,11 @@ class Recorder:
         return self._depth
 
     # -- lifecycle -----------------------------------------------------------------------
-    def add_undo(self, undo: Callable[[], None]) -> None:
-        self._instrumented.append(undo)
-
     def uninstrument(self) -> None:
-        """Undo every patch and pop every mode, last first. Safe on error paths."""
+        """Undo every patch, mark and hook and pop every mode, last first (the ledger
+        ``patches``). Safe on error paths."""
         self.enabled = False
-        errors: list[BaseException] = []
-        while self._instrumented:
-            undo = self._instrumented.pop()
-            try:
-                undo()
-            except Exception as exc:  # keep undoing the rest
-                errors.append(exc)
         self.patches.undo()
-        if errors:
-            log.warning("rngaudit: %d undo step(s) failed: %r", len(errors), errors[0])
 
     def disable_in_child(self) -> None:
         """After fork: a child (DataLoader worker) must not record, nor pay for the

@@ -8,8 +8,6 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-import wrapt
-
 from rngaudit import (
     config,
     epoch_check,
@@ -62,7 +60,8 @@ class RunAudit:
         self.settings = settings
         self.pid = os.getpid()
         self.session = session.for_dir(settings.report_dir, settings.mode)
-        self.patches = PatchSet()
+        self.patches = PatchSet()  # the window's wraps and import hooks
+        self.monitor_hooks = PatchSet()
         self.window_open = False
         self.index = 0
         self.start_seq = 0
@@ -87,12 +86,13 @@ class RunAudit:
         self.start_seq = RECORDER.begin(self.index)
         self.window_open = True
         for module, cls, method, label in PREPARE_HOOKS:
-            wrapt.register_post_import_hook(self._hook(cls, method, self._prepare(label)), module)
+            self.patches.when_imported(module, self._hook(cls, method, self._prepare(label)))
         for module, cls, method in ITERATION_HOOKS:
-            wrapt.register_post_import_hook(self._hook(cls, method, self._iteration), module)
+            self.patches.when_imported(module, self._hook(cls, method, self._iteration))
         for module, cls, method in DESTROY_HOOKS:
-            wrapt.register_post_import_hook(self._hook(cls, method, self._destroy), module)
-        wrapt.register_post_import_hook(self._install_monitor, "torch.utils.data.dataloader")
+            self.patches.when_imported(module, self._hook(cls, method, self._destroy))
+        # The worker check outlives the window: its hook is not in the window's ledger.
+        self.monitor_hooks.when_imported("torch.utils.data.dataloader", self._install_monitor)
         if self.epochs != "off":
             watch = epoch_check.Watch(self.settings, self.session, self.epochs == "all")
             epoch_check.GUARD.watch_all(watch)
@@ -106,15 +106,14 @@ class RunAudit:
         while RECORDER.depth:
             RECORDER.end()
         self.patches.undo()
+        self.monitor_hooks.undo()
         if self.monitor is not None:
             self.monitor.uninstall()
 
     def _hook(self, cls: str | None, method: str, wrapper: Any) -> Callable[[Any], None]:
         def hook(module: Any) -> None:
-            if not self.window_open or os.getpid() != self.pid:
-                return
-            owner = getattr(module, cls) if cls else module
-            self.patches.wrap(owner, method, wrapper)
+            if os.getpid() == self.pid:  # routed while the window's ledger holds it
+                self.patches.wrap_path(module, f"{cls}.{method}" if cls else method, wrapper)
 
         return hook
 
