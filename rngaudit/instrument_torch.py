@@ -286,7 +286,7 @@ class TorchInstrumentation:
     ) -> Any:
         rec = self.rec
         op = spec.call
-        if not rec.enabled or getattr(rec._local, "busy", False):
+        if not rec.enabled or rec.busy():
             return op(*args, **kwargs)
         try:
             gen = spec.generator(args, kwargs)

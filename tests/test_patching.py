@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import types
@@ -11,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import wrapt
 from conftest import run_python
 from torch.utils.data import DataLoader, RandomSampler
 
@@ -39,10 +41,8 @@ def describe(entries: list[Entry]) -> set[str]:
 
 def test_a_ledger_undoes_wraps_sets_marks_hooks_and_callbacks_last_first() -> None:
     owner = types.SimpleNamespace(f=lambda: 1)
-    module = types.ModuleType("rngaudit_test_ledger_mod")
     original_f = owner.f
     calls: list[str] = []
-    seen: list[Any] = []
     code = (lambda: 0).__code__
     ledger = PatchSet()
     ledger.wrap(owner, "f", lambda wrapped, instance, args, kw: 2)
@@ -50,27 +50,42 @@ def test_a_ledger_undoes_wraps_sets_marks_hooks_and_callbacks_last_first() -> No
     MARKED_CODES[code] = "sampler"
     ledger.mark([code])
     ledger.add_undo(lambda: calls.append("first"))
-    ledger.when_imported(module.__name__, seen.append)
+    ledger.when_imported("rngaudit_test_never_imported", lambda m: calls.append("hook"))
     ledger.add_undo(lambda: calls.append("second"))
     assert owner.f() == 2 and owner.g == 3
     entries = ledger.entries()
     assert [e.kind for e in entries] == [ATTR, ATTR, MARKS, UNDO, HOOK, UNDO]
-    sys.modules[module.__name__] = module
-    try:
-        ledger.undo()
-        ledger.undo()  # safe twice
-        assert calls == ["second", "first"]
-        assert owner.f is original_f and not hasattr(owner, "g")
-        assert_restored(entries)
-        # The hook was routed away before the module was imported: never called.
-        ledger2 = PatchSet()
-        ledger2.when_imported(module.__name__, seen.append)  # imported: called at once
-        assert seen == [module]
-        ledger2.undo()
-        assert_restored(ledger2.entries())
-    finally:
-        del sys.modules[module.__name__]
+    ledger.undo()
+    ledger.undo()  # safe twice
+    assert calls == ["second", "first"]
+    assert owner.f is original_f and not hasattr(owner, "g")
+    assert_restored(entries)
     assert len(ledger) == 0
+
+
+def test_the_import_router_calls_only_ledgers_still_holding_the_hook(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name = f"rngaudit_test_routed_{tmp_path.name}"
+    (tmp_path / f"{name}.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    gone, kept = PatchSet(), PatchSet()
+    seen: list[tuple[str, Any]] = []
+    gone.when_imported(name, lambda m: seen.append(("gone", m)))
+    kept.when_imported(name, lambda m: seen.append(("kept", m)))
+    assert seen == []  # not imported yet
+    gone.undo()
+    try:
+        module = importlib.import_module(name)
+        assert seen == [("kept", module)]
+        later = PatchSet()
+        later.when_imported(name, lambda m: seen.append(("later", m)))  # imported: called now
+        assert seen[-1] == ("later", module)
+        later.undo()
+        kept.undo()
+        assert patching.routes(name) == []
+    finally:
+        sys.modules.pop(name, None)
 
 
 def test_a_failing_undo_step_does_not_stop_the_rest(caplog: pytest.LogCaptureFixture) -> None:
@@ -114,6 +129,7 @@ def test_every_change_of_an_audit_window_is_undone(report_dir: Path) -> None:
 SCRIPT = """
 import json, sys
 import torch
+import wrapt
 from torch.utils.data import DataLoader, RandomSampler
 from rngaudit import epoch_check, patching, startup, workers
 from rngaudit.recorder import RECORDER
@@ -169,3 +185,61 @@ def test_every_change_of_the_whole_run_audit_is_undone(tmp_path: Path) -> None:
     assert any(kind == "attr" for kind, _, _ in result["lasting"])
     assert all(ok for _, _, ok in result["lasting"]), result["lasting"]
     assert result["left"] == 0
+
+
+def test_a_window_must_be_closed_innermost_first() -> None:
+    outer = RECORDER.begin(7)
+    try:
+        inner = RECORDER.begin()
+        assert inner.index == 7 and RECORDER.depth == 2
+        with pytest.raises(rngaudit.RNGAuditError, match="out of order"):
+            RECORDER.end(outer)
+        assert RECORDER.depth == 2  # the refused end changed nothing
+        RECORDER.end(inner)
+        with pytest.raises(rngaudit.RNGAuditError, match="out of order"):
+            RECORDER.end(inner)  # closed already
+    finally:
+        RECORDER.end(outer)
+    assert RECORDER.depth == 0 and len(RECORDER.patches) == 0
+
+
+def test_a_window_opened_on_another_thread_is_not_closed_from_here() -> None:
+    import threading
+
+    opened: list[Any] = []
+    ready = threading.Event()
+    closed = threading.Event()
+
+    def other() -> None:
+        opened.append(RECORDER.begin(0))
+        ready.set()
+        closed.wait(60)
+        RECORDER.end(opened[0])
+
+    outer = RECORDER.begin(0)
+    thread = threading.Thread(target=other)
+    thread.start()
+    try:
+        assert ready.wait(60)
+        inner = RECORDER.begin(0)  # this thread's innermost is not the other thread's window
+        RECORDER.end(inner)
+    finally:
+        closed.set()
+        thread.join(60)
+        RECORDER.end(outer)
+    assert RECORDER.depth == 0
+
+
+def test_the_whole_run_window_may_end_before_a_window_opened_inside_it() -> None:
+    run = RECORDER.begin(3, overlapping=True)
+    inner = RECORDER.begin(4)  # a framework callback's audit
+    RECORDER.end(run)
+    assert RECORDER.depth == 1 and intercepting_python()
+    RECORDER.end(inner)
+    assert RECORDER.depth == 0 and len(RECORDER.patches) == 0 and not intercepting_python()
+
+
+def intercepting_python() -> bool:
+    import random
+
+    return isinstance(random.random, wrapt.FunctionWrapper)
