@@ -7,24 +7,25 @@ import inspect
 import logging
 import os
 import sys
-import warnings
 import weakref
 from collections.abc import Callable
 from contextlib import ContextDecorator
 from types import TracebackType
 from typing import Any, TypeVar
 
-from rngaudit import config, epoch_check, instrument_loaders, instrument_torch, session
-from rngaudit.callsite import here
-from rngaudit.errors import (
-    RNGAuditError,
-    RNGAuditTimeoutError,
-    RNGAuditWarning,
-    RNGDivergenceError,
+from rngaudit import (
+    config,
+    epoch_check,
+    instrument_torch,
+    instrumentation,  # noqa: F401  (registers the recorder's installer)
+    session,
 )
-from rngaudit.findings import RANK_MISSING, Finding
-from rngaudit.recorder import RECORDER
+from rngaudit.callsite import here
+from rngaudit.errors import RNGAuditError
+from rngaudit.findings import Finding
+from rngaudit.recorder import RECORDER, Window
 from rngaudit.report import AuditReport
+from rngaudit.session import act
 
 log = logging.getLogger("rngaudit")
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -80,7 +81,7 @@ class Audit(ContextDecorator):
             "every_epoch": every_epoch,
         }
         self.report: AuditReport | None = None
-        self._start: int | None = None
+        self._window: Window | None = None
         self._index = 0
         self._entry: dict[str, str | None] = {}
         self._label = ""
@@ -103,7 +104,7 @@ class Audit(ContextDecorator):
         return super().__call__(func)
 
     def __enter__(self) -> Audit:
-        if self._start is not None:
+        if self._window is not None:
             raise RNGAuditError("this audit() is already active; create a new one to nest")
         stack = here(1)
         where = stack.user_site or stack.call_site
@@ -111,7 +112,7 @@ class Audit(ContextDecorator):
         self._session = session.for_dir(self.settings.report_dir, self.settings.mode)
         self._index = self._session.reserve()
         self._entry = RECORDER.snapshot()
-        self._start = RECORDER.begin(self._index)
+        self._window = RECORDER.begin(self._index)
         self._watch = epoch_check.Watch(self.settings, self._session, self.every_epoch)
         epoch_check.GUARD.enter(self._watch)
         self._worker_findings: list[Finding] = []
@@ -127,55 +128,41 @@ class Audit(ContextDecorator):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        start, self._start = self._start, None
-        assert start is not None and self._session is not None
+        window, self._window = self._window, None
+        assert window is not None and self._session is not None
         built: list[Any] = []
-        try:
-            events = RECORDER.events_since(start, self._index)
-            loaders = instrument_loaders.summarize(RECORDER, events)
-            built = list(RECORDER.new_loaders)
-        finally:
-            exit_states = RECORDER.end()  # undoes every patch at the outermost window
+
+        def closed(loaders: list[Any]) -> None:
+            built.extend(loaders)
             if self._monitor is not None:
-                _keep_until_started(self._monitor, built, self._started)
-        record = session.rank_record(
+                _keep_until_started(self._monitor, loaders, self._started)
+
+        def concluded(done: session.Finished | None) -> None:
+            # Sharded loaders built in the block stay watched until their first batch, unless
+            # the block already found an error (the same harm is not reported twice).
+            self.report = None if done is None else done.report
+            reported = self.report is None or self.report.verdict == "error"
+            epoch_check.GUARD.leave(self._watch, [] if reported else built)
+
+        # The verdict is decided here; the report files are written after the block exits.
+        # Worker findings are local to this rank: reported, never part of the shared verdict
+        # (a confirmed duplicate stream raises from the loader's first batch instead).
+        self._session.finish(
+            window,
             self._label,
-            events,
-            loaders,
-            {"entry": self._entry, "exit": exit_states},
-            from_start=False,
+            self._entry,
+            timeout=self.settings.timeout,
+            strict=self.settings.strict,
+            close=True,
             exception=describe_exception(exc_type, exc),
+            interrupted=exc_type is not None and not issubclass(exc_type, Exception),
+            background_write=True,
+            acting=exc_type is None,
+            on_closed=closed,
+            on_concluded=concluded,
+            local_findings=self._worker_findings,
+            spare_user_exception=exc_type is not None,
         )
-        interrupted = exc_type is not None and not issubclass(exc_type, Exception)
-        try:
-            # The verdict is decided here; the report files are written after the block exits.
-            self.report = self._session.conclude(
-                self._index,
-                self._label,
-                record,
-                self.settings.timeout,
-                strict=self.settings.strict,
-                interrupted=interrupted,
-                background_write=True,
-            )
-        except BaseException as failure:
-            epoch_check.GUARD.leave(self._watch, [])
-            if exc_type is not None and isinstance(failure, Exception):
-                log.warning("rngaudit: could not conclude the audit", exc_info=True)
-                return None  # the user's exception propagates unchanged
-            raise
-        # Sharded loaders built in the block stay watched until their first batch, unless the
-        # block already found an error (the same harm is not reported twice).
-        reported = self.report.verdict == "error"
-        epoch_check.GUARD.leave(self._watch, [] if reported else built)
-        try:
-            if exc_type is None:
-                strict = bool(self.report.audits[-1].get("strict", self.settings.strict))
-                act(self.report, self.report.mode, strict)
-        finally:
-            # Worker findings are local to this rank: reported, never part of the shared verdict
-            # (a confirmed duplicate stream raises from the loader's first batch instead).
-            self.report.findings.extend(self._worker_findings)
         return None
 
 
@@ -235,35 +222,6 @@ def _keep_until_started(monitor: Any, built: list[Any], already: weakref.WeakSet
                 weakref.finalize(loader, done)  # a loader dropped unstarted: stop waiting
     monitor.on_start = done
     done()
-
-
-def act(report: AuditReport, mode: str, strict: bool = False) -> None:
-    """Raise or warn for a report's findings, as the mode says."""
-    failing = [f for f in report.findings if f.severity == "error"]
-    if strict:
-        failing += [f for f in report.findings if f.severity == "warning"]
-    if mode == "raise" and failing:
-        raise _error_for(failing, report)
-    if mode in ("raise", "warn"):
-        for finding in report.findings:
-            if finding.severity in ("warning", "error"):
-                warnings.warn(_format(finding), RNGAuditWarning, stacklevel=3)
-
-
-def _format(finding: Finding) -> str:
-    text = f"[{finding.kind}] {finding.message}"
-    if finding.remedy:
-        text += f"\nFix: {finding.remedy}"
-    return text
-
-
-def _error_for(failing: list[Finding], report: AuditReport) -> RNGAuditError:
-    body = "\n\n".join(_format(f) for f in failing)
-    message = f"rngaudit found {len(failing)} problem(s):\n\n{body}"
-    missing = [r for f in failing if f.kind == RANK_MISSING for r in f.ranks]
-    if missing:
-        return RNGAuditTimeoutError(message, report, missing)
-    return RNGDivergenceError(message, report)
 
 
 __all__ = ["Audit", "act", "audit"]

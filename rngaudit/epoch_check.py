@@ -28,6 +28,8 @@ from rngaudit.config import Settings
 from rngaudit.findings import Finding
 from rngaudit.patching import PatchSet
 from rngaudit.recorder import RECORDER
+from rngaudit.report import AuditReport
+from rngaudit.session import act
 
 log = logging.getLogger("rngaudit")
 
@@ -83,7 +85,6 @@ class EpochGuard:
     def __init__(self) -> None:
         self.patches = PatchSet()
         self.installed = False
-        self._hooks = False
         self._lock = threading.RLock()
         self.everything: Watch | None = None  # RNGAUDIT: every sharded loader
         self.open: list[Watch] = []  # with-blocks open now: sharded loaders in them
@@ -91,7 +92,6 @@ class EpochGuard:
         self.loaders: weakref.WeakKeyDictionary[Any, _LoaderState] = weakref.WeakKeyDictionary()
         self.seen: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._count = 0
-        self._local = threading.local()
 
     # -- what is watched ---------------------------------------------------------------------
     def watch_all(self, watch: Watch) -> None:
@@ -137,17 +137,13 @@ class EpochGuard:
 
     # -- wrappers ----------------------------------------------------------------------------
     def install(self) -> None:
-        if not self._hooks:
-            self._hooks = True
-            wrapt.register_post_import_hook(self._on_import, "torch.utils.data.dataloader")
-            wrapt.register_post_import_hook(self._on_import, "accelerate.data_loader")
-        self.installed = True
-        import sys
-
-        for name in ("torch.utils.data.dataloader", "accelerate.data_loader"):
-            module = sys.modules.get(name)
-            if module is not None:
-                self._on_import(module)
+        """Wrap the iterator classes now or when imported (the ledger's import hooks)."""
+        with self._lock:
+            if self.installed:
+                return
+            self.installed = True
+            for name in ("torch.utils.data.dataloader", "accelerate.data_loader"):
+                self.patches.when_imported(name, self._on_import)
 
     def _on_import(self, module: Any) -> None:
         with self._lock:
@@ -191,7 +187,7 @@ class EpochGuard:
         self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kw: dict[str, Any]
     ) -> Any:
         batch = wrapped(*args, **kw)
-        if instance is None or getattr(self._local, "busy", False):
+        if instance is None or RECORDER.busy():
             return batch
         epoch_key = id(getattr(instance, "_sampler_iter", None))
         if self.seen.get(instance) == epoch_key:
@@ -200,11 +196,8 @@ class EpochGuard:
             self.seen[instance] = epoch_key
         except TypeError:
             return batch
-        self._local.busy = True
-        try:
+        with RECORDER.paused():  # the check's own work is not audited, nor re-entered
             self._first_batch(instance)
-        finally:
-            self._local.busy = False
         return batch
 
     # -- the check -----------------------------------------------------------------------------
@@ -295,21 +288,19 @@ def _teed(shard: Any, gen: Iterator[Any], tape: sharding.OrderTape) -> Iterator[
         return
     shard.__dict__["batch_sampler"] = _Tee(inner, tape)
     try:
-        start = RECORDER.log.next_seq()
-        index = RECORDER.audit_index
-        RECORDER.begin(index)
+        window = RECORDER.begin()  # nested in the enclosing audit's, if any
         instrument_loaders.mark_samplers(RECORDER, sharding.chain(inner))
         try:
             first = next(gen)  # the inner order is drawn and its first batches pulled here
         finally:
             try:
-                events = RECORDER.events_since(start, index)
+                events = RECORDER.events_since(window)
                 tape.draws = [
                     _draw_summary(e) for e in events if e.get("sampler") and e["kind"] == "draw"
                 ]
             except Exception:
                 log.debug("rngaudit: could not read the first batch's draws", exc_info=True)
-            RECORDER.end()
+            RECORDER.end(window)
     except StopIteration:
         return
     finally:
@@ -346,9 +337,6 @@ def _shard_of_loader(loader: Any) -> Any:
 
 def _act(found: list[Finding], watch: Watch, record: dict[str, Any]) -> None:
     """Raise or warn on every rank, as the watch's mode says."""
-    from rngaudit.audit import act
-    from rngaudit.report import AuditReport
-
     if not found:
         return
     session = watch.session

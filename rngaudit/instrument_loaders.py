@@ -22,9 +22,8 @@ def install(rec: Recorder) -> None:
         cls = getattr(sys.modules.get(module_name), cls_name, None)
         if cls is None or "__init__" not in cls.__dict__:
             continue
-        if any(owner is cls for owner, _ in rec.loader_classes):
+        if any(owner is cls for owner in rec.patches.owners()):
             continue
-        rec.loader_classes.append((cls, "__init__"))
         rec.patches.wrap(cls, "__init__", _register(rec))
 
 
@@ -50,8 +49,7 @@ def mark_samplers(rec: Recorder, samplers: list[Any]) -> None:
         codes = instrument_samplers.mark_objects(samplers)
     except Exception:  # never break the loader over attribution
         return
-    if codes:
-        rec.add_undo(lambda: instrument_samplers.unmark(codes))
+    rec.patches.mark(codes)
 
 
 def sampler_chain(loader: Any) -> list[Any]:

@@ -74,11 +74,8 @@ class NumpyInstrumentation:
                     name = rec.names.name("numpy.Generator", id(gen), gen, bitgen)
                     return name, lambda: fingerprint.numpy_generator(gen)
 
-                rec._local.busy = True
-                try:
+                with rec.paused():
                     rec.record(resolve, "numpy.random.default_rng", CREATE, _caller())
-                finally:
-                    rec._local.busy = False
             return gen
 
         return wrapper

@@ -102,8 +102,3 @@ def mark_imported() -> list[CodeType]:
         if name in sys.modules:
             marked.extend(mark_module(name))
     return marked
-
-
-def unmark(codes: list[CodeType]) -> None:
-    for code in codes:
-        MARKED_CODES.pop(code, None)

@@ -286,7 +286,7 @@ class TorchInstrumentation:
     ) -> Any:
         rec = self.rec
         op = spec.call
-        if not rec.enabled or getattr(rec._local, "busy", False):
+        if not rec.enabled or rec.busy():
             return op(*args, **kwargs)
         try:
             gen = spec.generator(args, kwargs)
@@ -346,7 +346,7 @@ class TorchInstrumentation:
         else:
             self.mode_class = _dispatch_mode(torch, self._handle)
         rec.torch = self
-        rec.add_undo(self.pop_all)
+        rec.patches.add_undo(self.pop_all)
         self.push_here()
 
     # -- per thread ------------------------------------------------------------------------------

@@ -2,51 +2,48 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import threading
-from collections.abc import Callable
-
-import wrapt
 
 from rngaudit import instrument_loaders, instrument_samplers
 from rngaudit.instrument_numpy import NumpyInstrumentation
 from rngaudit.instrument_python import PythonInstrumentation
 from rngaudit.instrument_torch import TorchInstrumentation
-from rngaudit.recorder import Recorder
+from rngaudit.recorder import RECORDER, Recorder
 
 log = logging.getLogger("rngaudit")
-_hooks_registered = False
+# The modules whose import installs a part (or marks samplers) while a window is open.
+WATCHED = ("torch", "numpy.random", *instrument_samplers.KNOWN)
 _lock = threading.RLock()
 
 
 class Instrumentation:
-    """Which parts are installed on one recorder; undone through the recorder's undo stack."""
+    """Which parts are installed on one recorder; undone through the recorder's ledger."""
 
     def __init__(self, recorder: Recorder) -> None:
         self.rec = recorder
         self.done: set[str] = set()
-        self.active = False
 
     def install(self) -> None:
-        """Instrument what is loaded now; what loads later is instrumented on import."""
+        """Instrument what is loaded now; what loads later is instrumented on import (the
+        ledger's import hooks, removed with the rest when the window closes)."""
         with _lock:
-            self.active = True
-            self.rec.add_undo(self._deactivate)
             import random  # noqa: F401  (stdlib, cheap)
 
             self._part("random")
             for name in ("torch", "numpy"):
                 if name in sys.modules:
                     self._part(name)
-            _register_hooks(self)
+            for name in WATCHED:
+                self.rec.patches.when_imported(name, functools.partial(self._on_import, name))
 
-    def _deactivate(self) -> None:
-        self.active = False
-        self.done.clear()
+    def _on_import(self, name: str, module: object) -> None:
+        self.on_import(name)
 
     def _part(self, name: str) -> None:
-        if not self.active or name in self.done:
+        if name in self.done:
             return
         self.done.add(name)
         try:
@@ -64,9 +61,7 @@ class Instrumentation:
 
     def _samplers(self) -> None:
         instrument_loaders.install(self.rec)
-        codes = instrument_samplers.mark_imported()
-        if codes:
-            self.rec.add_undo(lambda: instrument_samplers.unmark(codes))
+        self.rec.patches.mark(instrument_samplers.mark_imported())
 
     def on_import(self, name: str) -> None:
         with _lock:
@@ -74,27 +69,13 @@ class Instrumentation:
                 self._part("numpy")
             elif name == "torch":
                 self._part("torch")
-            elif self.active:
+            else:
                 self._samplers()
 
 
-_current: list[Instrumentation] = []
+def install(recorder: Recorder) -> None:
+    """The recorder's installer (registered below): instrument for a new outermost window."""
+    Instrumentation(recorder).install()
 
 
-def _register_hooks(inst: Instrumentation) -> None:
-    """Post-import hooks (registered once per process) route to the active instrumentation."""
-    global _hooks_registered
-    _current[:] = [inst]
-    if _hooks_registered:
-        return
-    _hooks_registered = True
-
-    def hook_for(name: str) -> Callable[[object], None]:
-        def hook(module: object) -> None:
-            for active in _current:
-                active.on_import(name)
-
-        return hook
-
-    for name in ("torch", "numpy.random", *instrument_samplers.KNOWN):
-        wrapt.register_post_import_hook(hook_for(name), name)
+RECORDER.installer = install

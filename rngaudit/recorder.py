@@ -8,10 +8,12 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from threading import current_thread
 from typing import Any
 
 from rngaudit import callsite, fingerprint, naming
+from rngaudit.errors import RNGAuditError
 from rngaudit.events import ITERATION, PRE_ITERATION, Event, EventLog, SamplerInfo
 from rngaudit.patching import PatchSet
 
@@ -23,6 +25,16 @@ ROLE_LOADER = "loader"
 ROLE_ITERATION = "iteration"
 
 GenInfo = tuple[str, Callable[[], "str | None"]]
+
+
+@dataclass(frozen=True, eq=False)
+class Window:
+    """An open recording window: the token :meth:`Recorder.begin` returns."""
+
+    index: int  # the audit index its events are labelled with
+    start: int  # the sequence number from which its events count
+    thread: int  # the ident of the thread that opened it
+    overlapping: bool = False  # may end before windows opened after it (see Recorder.begin)
 
 
 class Recorder:
@@ -37,104 +49,138 @@ class Recorder:
         self.audit_index = 0
         self.iteration_started = False
         self._local = threading.local()
-        self._instrumented: list[Callable[[], None]] = []  # undo callbacks, LIFO
         self._depth = 0
         self._outer_indices: list[int] = []
         self.new_loaders: list[Any] = []  # DataLoaders built while a window is open
-        self.loader_classes: list[tuple[Any, str]] = []
         self._window_lock = threading.RLock()
         self._fork_handler = False
-        self._thread_windows: dict[int, int] = {}  # thread ident -> windows it has open
+        self._thread_windows: dict[int, list[Window]] = {}  # thread ident -> its open windows
         self.torch: Any = None  # the TorchInstrumentation while installed (per-thread modes)
+        # Installs the instrumentation for an outermost window (rngaudit.instrumentation
+        # registers it: the recorder does not import the instrumentation).
+        self.installer: Callable[[Recorder], None] | None = None
 
     # -- windows ---------------------------------------------------------------------------
-    def begin(self, audit_index: int) -> int:
-        """Open a recording window (nested windows share the instrumentation).
+    def begin(self, audit_index: int | None = None, *, overlapping: bool = False) -> Window:
+        """Open a recording window (nested windows share the instrumentation); returns its
+        token, for :meth:`events_since`, :meth:`new_segment` and :meth:`end`.
 
-        Returns the sequence number from which this window's events count.
+        Its events are labelled ``audit_index`` (default: the enclosing window's).
+        ``overlapping``: the window may end while windows opened after it are still open (the
+        whole-run audit's, which a framework callback's audit can outlive).
         """
         with self._window_lock:
             if self._depth == 0:
-                from rngaudit.instrumentation import Instrumentation
-
+                if self.installer is None:
+                    raise RNGAuditError("no instrumentation registered (import rngaudit first)")
                 if not self._fork_handler:
                     os.register_at_fork(after_in_child=self.disable_in_child)
                     self._fork_handler = True
                 self.enabled = True
                 try:
-                    Instrumentation(self).install()
+                    self.installer(self)
                 except BaseException:
                     self.uninstrument()
                     raise
             elif self.torch is not None:
                 self.torch.push_here()  # a window on another thread: its own mode
-            ident = threading.get_ident()
-            self._thread_windows[ident] = self._thread_windows.get(ident, 0) + 1
+            index = self.audit_index if audit_index is None else audit_index
+            window = Window(index, self.log.next_seq(), threading.get_ident(), overlapping)
+            self._thread_windows.setdefault(window.thread, []).append(window)
             self._depth += 1
             self._outer_indices.append(self.audit_index)
-            self.audit_index = audit_index
-            return self.log.next_seq()
+            self.audit_index = index
+            return window
 
-    def events_since(self, seq: int, audit_index: int) -> list[dict[str, Any]]:
-        """This window's events as report dicts, labelled with ``audit_index``."""
+    def events_since(self, window: Window) -> list[dict[str, Any]]:
+        """The window's events (so far) as report dicts, labelled with its audit index."""
         out = []
-        for event in self.log.since(seq):
+        for event in self.log.since(window.start):
             data = event.to_dict()
-            data["audit"] = audit_index
+            data["audit"] = window.index
             out.append(data)
         return out
 
-    def end(self) -> dict[str, str | None]:
-        """Close the innermost window; returns generator states at its end.
+    def new_segment(self, window: Window, audit_index: int) -> Window:
+        """Keep ``window`` open but count from now, as audit ``audit_index`` (the whole-run
+        audit's next segment); returns the token that replaces ``window``."""
+        with self._window_lock:
+            stack = self._stack_of(window)
+            segment = Window(audit_index, self.log.next_seq(), window.thread, window.overlapping)
+            stack[stack.index(window)] = segment
+            self.audit_index = audit_index
+            return segment
 
-        The outermost window's end undoes every patch and pops the dispatch mode.
+    def built_loaders(self) -> list[Any]:
+        """The DataLoaders built since the window (segment) began."""
+        with self._window_lock:
+            return list(self.new_loaders)
+
+    def forget_loaders(self) -> list[Any]:
+        """The DataLoaders built since the window (segment) began; forgotten from now."""
+        with self._window_lock:
+            built, self.new_loaders = self.new_loaders, []
+            return built
+
+    def end(self, window: Window) -> dict[str, str | None]:
+        """Close ``window``, which must be the innermost open on the thread that opened it,
+        unless it was opened ``overlapping`` (:class:`RNGAuditError` otherwise, and nothing
+        changes); returns generator states at its end. The outermost window's end undoes
+        every patch and pops the dispatch mode.
         """
         with self._window_lock:
-            try:
-                states = self.snapshot()
-            except Exception:
-                states = {}
-            self._depth = max(0, self._depth - 1)
-            self.audit_index = self._outer_indices.pop() if self._outer_indices else 0
-            ident = threading.get_ident()
-            left = self._thread_windows.get(ident, 0) - 1
-            if left > 0:
-                self._thread_windows[ident] = left
-            else:
-                self._thread_windows.pop(ident, None)
-                if self._depth > 0 and self.torch is not None:
-                    self.torch.pop_here()  # this thread's last window: undo its own push
-            if self._depth == 0:
-                self._thread_windows.clear()
-                self.uninstrument()
-                self.names.clear()
-                self.loaders.clear()
-                self.new_loaders.clear()
-                self.loader_classes.clear()
-                self.log = EventLog()
-            return states
+            self._stack_of(window)
+            return self._end(window.thread, window)
+
+    def end_all(self) -> None:
+        """Close every window still open (a process that turns out to be a DataLoader worker)."""
+        with self._window_lock:
+            while self._depth:
+                self._end(threading.get_ident())
+
+    def _stack_of(self, window: Window) -> list[Window]:
+        stack = self._thread_windows.get(window.thread) or []
+        innermost = bool(stack) and stack[-1] is window
+        if not innermost and not (window.overlapping and any(w is window for w in stack)):
+            raise RNGAuditError(
+                "rngaudit: a recording window was closed out of order (it is not the innermost "
+                "window open on its thread, or it is closed already)"
+            )
+        return stack
+
+    def _end(self, opener: int, window: Window | None = None) -> dict[str, str | None]:
+        try:
+            states = self.snapshot()
+        except Exception:
+            states = {}
+        self._depth = max(0, self._depth - 1)
+        self.audit_index = self._outer_indices.pop() if self._outer_indices else 0
+        stack = self._thread_windows.get(opener)
+        if stack:
+            stack.pop(stack.index(window) if window is not None else -1)
+        if not stack:
+            self._thread_windows.pop(opener, None)
+            if self._depth > 0 and self.torch is not None:
+                self.torch.pop_here()  # this thread's last window: undo its own push
+        if self._depth == 0:
+            self._thread_windows.clear()
+            self.uninstrument()
+            self.names.clear()
+            self.loaders.clear()
+            self.new_loaders.clear()
+            self.log = EventLog()
+        return states
 
     @property
     def depth(self) -> int:
         return self._depth
 
     # -- lifecycle -----------------------------------------------------------------------
-    def add_undo(self, undo: Callable[[], None]) -> None:
-        self._instrumented.append(undo)
-
     def uninstrument(self) -> None:
-        """Undo every patch and pop every mode, last first. Safe on error paths."""
+        """Undo every patch, mark and hook and pop every mode, last first (the ledger
+        ``patches``). Safe on error paths."""
         self.enabled = False
-        errors: list[BaseException] = []
-        while self._instrumented:
-            undo = self._instrumented.pop()
-            try:
-                undo()
-            except Exception as exc:  # keep undoing the rest
-                errors.append(exc)
         self.patches.undo()
-        if errors:
-            log.warning("rngaudit: %d undo step(s) failed: %r", len(errors), errors[0])
 
     def disable_in_child(self) -> None:
         """After fork: a child (DataLoader worker) must not record, nor pay for the

@@ -8,22 +8,18 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-import wrapt
-
 from rngaudit import (
     config,
     epoch_check,
     exchange,
-    instrument_loaders,
     instrument_torch,
     session,
     sharding,
 )
-from rngaudit.audit import act
 from rngaudit.callsite import here
 from rngaudit.errors import ConfigError
 from rngaudit.patching import PatchSet
-from rngaudit.recorder import RECORDER
+from rngaudit.recorder import RECORDER, Window
 from rngaudit.report import AuditReport
 
 log = logging.getLogger("rngaudit")
@@ -62,10 +58,11 @@ class RunAudit:
         self.settings = settings
         self.pid = os.getpid()
         self.session = session.for_dir(settings.report_dir, settings.mode)
-        self.patches = PatchSet()
+        self.patches = PatchSet()  # the window's wraps and import hooks
+        self.monitor_hooks = PatchSet()
         self.window_open = False
         self.index = 0
-        self.start_seq = 0
+        self.window: Window | None = None  # the recording window (its current segment)
         self.entry: dict[str, str | None] = {}
         self.reports: list[AuditReport] = []
         self._in_prepare = False
@@ -84,15 +81,18 @@ class RunAudit:
         instrument_torch.prepare()  # one-time kernel registration when torch is loaded already
         self.index = self.session.reserve()
         self.entry = RECORDER.snapshot()
-        self.start_seq = RECORDER.begin(self.index)
+        # A framework callback's audit (Lightning, HF Trainer) may open inside this window
+        # and close after it.
+        self.window = RECORDER.begin(self.index, overlapping=True)
         self.window_open = True
         for module, cls, method, label in PREPARE_HOOKS:
-            wrapt.register_post_import_hook(self._hook(cls, method, self._prepare(label)), module)
+            self.patches.when_imported(module, self._hook(cls, method, self._prepare(label)))
         for module, cls, method in ITERATION_HOOKS:
-            wrapt.register_post_import_hook(self._hook(cls, method, self._iteration), module)
+            self.patches.when_imported(module, self._hook(cls, method, self._iteration))
         for module, cls, method in DESTROY_HOOKS:
-            wrapt.register_post_import_hook(self._hook(cls, method, self._destroy), module)
-        wrapt.register_post_import_hook(self._install_monitor, "torch.utils.data.dataloader")
+            self.patches.when_imported(module, self._hook(cls, method, self._destroy))
+        # The worker check outlives the window: its hook is not in the window's ledger.
+        self.monitor_hooks.when_imported("torch.utils.data.dataloader", self._install_monitor)
         if self.epochs != "off":
             watch = epoch_check.Watch(self.settings, self.session, self.epochs == "all")
             epoch_check.GUARD.watch_all(watch)
@@ -103,18 +103,17 @@ class RunAudit:
             return
         self.worker = True
         self.window_open = False
-        while RECORDER.depth:
-            RECORDER.end()
+        RECORDER.end_all()
+        self.window = None
         self.patches.undo()
+        self.monitor_hooks.undo()
         if self.monitor is not None:
             self.monitor.uninstall()
 
     def _hook(self, cls: str | None, method: str, wrapper: Any) -> Callable[[Any], None]:
         def hook(module: Any) -> None:
-            if not self.window_open or os.getpid() != self.pid:
-                return
-            owner = getattr(module, cls) if cls else module
-            self.patches.wrap(owner, method, wrapper)
+            if os.getpid() == self.pid:  # routed while the window's ledger holds it
+                self.patches.wrap_path(module, f"{cls}.{method}" if cls else method, wrapper)
 
         return hook
 
@@ -192,28 +191,26 @@ class RunAudit:
         self._checkpoint(label, timeout, raising)
 
     def _checkpoint(self, label: str, timeout: float | None, raising: bool) -> None:
-        with RECORDER.paused():
-            events = RECORDER.events_since(self.start_seq, self.index)
-            loaders = instrument_loaders.summarize(RECORDER, events)
-            RECORDER.new_loaders.clear()  # each segment lists the loaders built in it
-            exit_states = RECORDER.snapshot()
-            states = {"entry": self.entry, "exit": exit_states}
-            record = session.rank_record(label, events, loaders, states, from_start=True)
-            report = self.session.conclude(
-                self.index,
-                label,
-                record,
-                timeout or self.settings.timeout,
-                strict=self.settings.strict,
-                identity="end of the audit window" if label in END_LABELS else None,
-            )
-            self.reports.append(report)
-            self.index = self.session.reserve()
-            RECORDER.audit_index = self.index
-            self.start_seq = RECORDER.log.next_seq()
-            self.entry = exit_states
-        if raising:
-            act(report, report.mode, bool(report.audits[-1].get("strict", self.settings.strict)))
+        assert self.window is not None
+        self.session.finish(
+            self.window,
+            label,
+            self.entry,
+            timeout=timeout or self.settings.timeout,
+            strict=self.settings.strict,
+            close=False,
+            identity="end of the audit window" if label in END_LABELS else None,
+            acting=raising,
+            on_concluded=self._concluded,
+        )
+
+    def _concluded(self, done: session.Finished | None) -> None:
+        """The segment is concluded (before acting on it): the next one begins."""
+        if done is not None and done.window is not None:
+            self.reports.append(done.report)
+            self.window = done.window
+            self.index = done.window.index
+            self.entry = done.exit_states
 
     def close_window(self, label: str) -> None:
         """Compare once more, then detach from every hot path (the worker check stays)."""
@@ -225,7 +222,9 @@ class RunAudit:
 
     def _detach(self) -> None:
         """Close the recording window and remove the prepare()/iteration wrappers."""
-        RECORDER.end()
+        window, self.window = self.window, None
+        if window is not None:
+            RECORDER.end(window)
         self.patches.undo()
 
     def at_exit(self) -> None:

@@ -2,24 +2,43 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import socket
 import sys
 import threading
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rngaudit import compare, environment, exchange, report_files, run_kind
-from rngaudit.errors import RNGAuditWarning
-from rngaudit.findings import Finding, verdict_of
-from rngaudit.recorder import RECORDER
+from rngaudit import compare, environment, exchange, instrument_loaders, report_files, run_kind
+from rngaudit.errors import (
+    RNGAuditError,
+    RNGAuditTimeoutError,
+    RNGAuditWarning,
+    RNGDivergenceError,
+)
+from rngaudit.findings import RANK_MISSING, Finding, verdict_of
+from rngaudit.recorder import RECORDER, Window
 from rngaudit.report import SCHEMA_VERSION, AuditReport
 
 _private_random = random.Random(os.urandom(8))  # never the user's generators
 _sessions: dict[Path, Session] = {}
 _lock = threading.Lock()
+log = logging.getLogger("rngaudit")
+
+
+@dataclass
+class Finished:
+    """What :meth:`Session.finish` concluded."""
+
+    report: AuditReport
+    built: list[Any]  # the loaders built in the window (or segment)
+    window: Window | None  # the next segment's window; None when the window was closed
+    exit_states: dict[str, str | None]  # generator states at the end
 
 
 def _new_run_id() -> str:
@@ -161,6 +180,151 @@ class Session:
             mode=mode,
             audits=[self.audits[-1]],
         )
+
+    def finish(
+        self,
+        window: Window,
+        label: str,
+        entry: dict[str, str | None],
+        *,
+        timeout: float,
+        strict: bool,
+        close: bool,
+        exception: str | None = None,
+        interrupted: bool = False,
+        identity: str | None = None,
+        background_write: bool = False,
+        acting: bool = True,
+        on_closed: Callable[[list[Any]], None] | None = None,
+        on_concluded: Callable[[Finished | None], None] | None = None,
+        local_findings: list[Finding] | None = None,
+        spare_user_exception: bool = False,
+        stacklevel: int = 3,
+    ) -> Finished | None:
+        """The one close path of an audit window (``audit()`` and the whole-run audit):
+        events -> loaders -> states -> rank record -> exchange -> compare -> write -> act.
+
+        ``close``: end ``window`` (the states at its end close the record); otherwise keep it
+        open (paused while this rank concludes) and start its next segment as a new audit,
+        whose window comes back in :attr:`Finished.window`. ``on_closed(built)`` runs right
+        after the window ends (also when reading it failed), ``on_concluded(finished)`` once the
+        verdict is known (``None`` when concluding failed), before acting. ``acting``: raise or
+        warn as the report's mode says (:func:`act`); ``local_findings`` (this rank's own, not
+        part of the shared verdict) join the report after that. ``spare_user_exception``: the
+        block raised, so a failure to conclude is logged and None returned (the user's
+        exception propagates unchanged).
+        """
+        if close:
+            built: list[Any] = []
+            try:
+                events = RECORDER.events_since(window)
+                loaders = instrument_loaders.summarize(RECORDER, events)
+                built = RECORDER.built_loaders()
+            finally:
+                exit_states = RECORDER.end(window)  # undoes every patch at the outermost window
+                if on_closed is not None:
+                    on_closed(built)
+            concluded = self._conclude_window(
+                window.index,
+                label,
+                events,
+                loaders,
+                entry,
+                exit_states,
+                timeout,
+                strict,
+                False,
+                exception,
+                interrupted,
+                identity,
+                background_write,
+                on_concluded,
+                spare_user_exception,
+            )
+            if concluded is None:
+                return None
+            done = Finished(concluded, built, None, exit_states)
+            if on_concluded is not None:
+                on_concluded(done)
+        else:
+            with RECORDER.paused():
+                events = RECORDER.events_since(window)
+                loaders = instrument_loaders.summarize(RECORDER, events)
+                built = RECORDER.forget_loaders()  # each segment lists the loaders built in it
+                exit_states = RECORDER.snapshot()
+                concluded = self._conclude_window(
+                    window.index,
+                    label,
+                    events,
+                    loaders,
+                    entry,
+                    exit_states,
+                    timeout,
+                    strict,
+                    True,
+                    exception,
+                    interrupted,
+                    identity,
+                    background_write,
+                    on_concluded,
+                    spare_user_exception,
+                )
+                if concluded is None:
+                    return None
+                segment = RECORDER.new_segment(window, self.reserve())
+                done = Finished(concluded, built, segment, exit_states)
+                if on_concluded is not None:
+                    on_concluded(done)
+        report = done.report
+        try:
+            if acting:
+                acting_strict = bool(report.audits[-1].get("strict", strict))
+                act(report, report.mode, acting_strict, stacklevel=stacklevel + 1)
+        finally:
+            report.findings.extend(local_findings or ())
+        return done
+
+    def _conclude_window(
+        self,
+        index: int,
+        label: str,
+        events: list[dict[str, Any]],
+        loaders: list[dict[str, Any]],
+        entry: dict[str, str | None],
+        exit_states: dict[str, str | None],
+        timeout: float,
+        strict: bool,
+        from_start: bool,
+        exception: str | None,
+        interrupted: bool,
+        identity: str | None,
+        background_write: bool,
+        on_concluded: Callable[[Finished | None], None] | None,
+        spare_user_exception: bool,
+    ) -> AuditReport | None:
+        states = {"entry": entry, "exit": exit_states}
+        record = rank_record(
+            label, events, loaders, states, from_start=from_start, exception=exception
+        )
+        try:
+            report = self.conclude(
+                index,
+                label,
+                record,
+                timeout,
+                strict=strict,
+                identity=identity,
+                interrupted=interrupted,
+                background_write=background_write,
+            )
+        except BaseException as failure:
+            if on_concluded is not None:
+                on_concluded(None)
+            if spare_user_exception and isinstance(failure, Exception):
+                log.warning("rngaudit: could not conclude the audit", exc_info=True)
+                return None
+            raise
+        return report
 
     def _repeats_info(self, finding: Finding) -> bool:
         """An info finding already made, word for word but the audit, by an earlier audit."""
@@ -339,3 +503,35 @@ def rank_record(
         "environment": environment.describe(),
         "framework": run_kind.detect(),  # compare's advice fits the run (rank 0's wins)
     }
+
+
+def act(report: AuditReport, mode: str, strict: bool = False, stacklevel: int = 3) -> None:
+    """Raise or warn for a report's findings, as the mode says (the raise/warn policy).
+
+    ``stacklevel`` is the caller whose line a warning names, as in ``warnings.warn``.
+    """
+    failing = [f for f in report.findings if f.severity == "error"]
+    if strict:
+        failing += [f for f in report.findings if f.severity == "warning"]
+    if mode == "raise" and failing:
+        raise _error_for(failing, report)
+    if mode in ("raise", "warn"):
+        for finding in report.findings:
+            if finding.severity in ("warning", "error"):
+                warnings.warn(_format(finding), RNGAuditWarning, stacklevel=stacklevel)
+
+
+def _format(finding: Finding) -> str:
+    text = f"[{finding.kind}] {finding.message}"
+    if finding.remedy:
+        text += f"\nFix: {finding.remedy}"
+    return text
+
+
+def _error_for(failing: list[Finding], report: AuditReport) -> RNGAuditError:
+    body = "\n\n".join(_format(f) for f in failing)
+    message = f"rngaudit found {len(failing)} problem(s):\n\n{body}"
+    missing = [r for f in failing if f.kind == RANK_MISSING for r in f.ranks]
+    if missing:
+        return RNGAuditTimeoutError(message, report, missing)
+    return RNGDivergenceError(message, report)

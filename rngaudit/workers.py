@@ -14,10 +14,9 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import wrapt
-
 from rngaudit.errors import ConfigError, RNGAuditWarning, WorkerDuplicateStreamError
 from rngaudit.findings import PERSISTENT_WORKER_STREAM, WORKER_DUPLICATE_STREAM, Finding
+from rngaudit.patching import PatchSet
 from rngaudit.worker_probe import GeneratorRef, WorkerProbe, find_generators, read_reports
 
 MODES = ("raise", "warn", "report")
@@ -76,29 +75,12 @@ def _new_report_dir() -> str:
         return path
 
 
-class _Patch:
-    """One attribute replaced by a wrapper; ``restore`` puts the original object back."""
-
-    def __init__(self, module: object, name: str, wrapper_fn: Callable[..., Any]) -> None:
-        self.parent, self.attribute, self.original = wrapt.resolve_path(module, name)
-        self.had_own = self.attribute in vars(self.parent)
-        self.wrapper = wrapt.FunctionWrapper(self.original, wrapper_fn)
-        setattr(self.parent, self.attribute, self.wrapper)
-
-    def restore(self) -> None:
-        if self.had_own:
-            setattr(self.parent, self.attribute, self.original)
-        elif self.attribute in vars(self.parent):
-            delattr(self.parent, self.attribute)
-
-
 # The patches are shared by all installed monitors: applied when the first one installs,
 # removed when the last one uninstalls (in any order), so the originals always come back.
 # The most recently installed monitor handles each new iterator.
 _state_lock = threading.RLock()
 _active: list[WorkerMonitor] = []
-_patches: list[_Patch] = []
-_hook_registered = False
+PATCHES = PatchSet()  # this module's ledger (wraps and the torchdata import hook)
 
 
 def _dispatch_init(
@@ -114,32 +96,24 @@ def _dispatch_init(
 def _patch(module: object, target: str) -> None:
     class_name = target.split(".")[0]
     parent = getattr(module, class_name, None)
-    if parent is not None and not any(p.parent is parent for p in _patches):
-        _patches.append(_Patch(module, target, _dispatch_init))
+    if parent is not None and all(owner is not parent for owner in PATCHES.owners()):
+        PATCHES.wrap_path(module, target, _dispatch_init)
 
 
 def _on_torchdata_import(module: object) -> None:
     with _state_lock:
-        if _active:
-            _patch(module, TARGETS[1][1])
+        _patch(module, TARGETS[1][1])
 
 
 def _apply_patches() -> None:
-    global _hook_registered
     import torch.utils.data.dataloader as dataloader
 
     _patch(dataloader, TARGETS[0][1])
-    module = sys.modules.get(TORCHDATA_DATALOADER)
-    if module is not None:
-        _patch(module, TARGETS[1][1])
-    elif not _hook_registered:
-        wrapt.register_post_import_hook(_on_torchdata_import, TORCHDATA_DATALOADER)
-        _hook_registered = True
+    PATCHES.when_imported(TORCHDATA_DATALOADER, _on_torchdata_import)
 
 
 def _remove_patches() -> None:
-    while _patches:
-        _patches.pop().restore()
+    PATCHES.undo()
 
 
 # Per iterator class, a subclass whose __next__ runs the first-batch check once and then

@@ -138,14 +138,14 @@ def test_nested_windows_keep_interception_until_the_outer_end(
     try:
         inner = RECORDER.begin(0)
         torch.rand(2)
-        RECORDER.end()
+        RECORDER.end(inner)
         assert intercepting()
         torch.rand(2)
-        events = RECORDER.events_since(inner, 0)
+        events = RECORDER.events_since(inner)
         assert sum(e["count"] for e in events if e["kind"] == "draw") == 2
-        assert RECORDER.events_since(outer, 0)
+        assert RECORDER.events_since(outer)
     finally:
-        RECORDER.end()
+        RECORDER.end(outer)
     assert not intercepting()
 
 
