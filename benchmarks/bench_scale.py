@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import subprocess
 import sys
@@ -174,6 +175,7 @@ def main() -> None:
     parser.add_argument("--index", type=int, default=0)
     parser.add_argument("--tag", default="scale")
     parser.add_argument("--worlds", default="256,1024,4096")
+    parser.add_argument("--group-counts", default="1,8", help="signature groups to measure")
     parser.add_argument("--epochs", type=int, default=200)
     parser.add_argument("--epoch-events", type=int, default=20, help="per-epoch records: small")
     parser.add_argument("--scale-rounds", type=int, default=2, help="round 0 warms up")
@@ -185,13 +187,14 @@ def main() -> None:
     port = int(server.port)
     out: dict[str, Any] = {"procs": args.procs, "events": args.events, "worlds": []}
     for world in [int(w) for w in args.worlds.split(",")]:
-        for groups in (1, 8):
+        for groups in [int(g) for g in args.group_counts.split(",")]:
             tag = f"w{world}g{groups}"
             out["worlds"].append(
                 measure(
                     port, server, world, args.procs, groups, args.events, args.scale_rounds, tag
                 )
             )
+            print(json.dumps(out["worlds"][-1]), file=sys.stderr, flush=True)  # partial results
     epochs = measure(port, server, 256, args.procs, 1, args.epoch_events, args.epochs, "epochs")
     out["epochs"] = {
         "world": 256,
