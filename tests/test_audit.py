@@ -18,6 +18,7 @@ def test_decorating_a_plain_function_audits_each_call(report_dir: Path) -> None:
 
     draw()
     draw()
+    assert rngaudit.wait_for_reports()  # report files are written after each call returns
     assert (report_dir / "report.json").is_file()
 
 
