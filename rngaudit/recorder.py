@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from threading import current_thread
 from typing import Any
 
-from rngaudit import callsite, fingerprint, naming
+from rngaudit import callsite, fingerprint, naming, records
 from rngaudit.events import ITERATION, PRE_ITERATION, Event, EventLog, SamplerInfo
 from rngaudit.patching import PatchSet
 
@@ -75,7 +75,7 @@ class Recorder:
             self.audit_index = audit_index
             return self.log.next_seq()
 
-    def events_since(self, seq: int, audit_index: int) -> list[dict[str, Any]]:
+    def events_since(self, seq: int, audit_index: int) -> list[records.Event]:
         """This window's events as report dicts, labelled with ``audit_index``."""
         out = []
         for event in self.log.since(seq):

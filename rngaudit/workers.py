@@ -16,11 +16,10 @@ from typing import Any
 
 import wrapt
 
+from rngaudit.config import MODES
 from rngaudit.errors import ConfigError, RNGAuditWarning, WorkerDuplicateStreamError
 from rngaudit.findings import PERSISTENT_WORKER_STREAM, WORKER_DUPLICATE_STREAM, Finding
 from rngaudit.worker_probe import GeneratorRef, WorkerProbe, find_generators, read_reports
-
-MODES = ("raise", "warn", "report")
 
 TORCH_DATALOADER = "torch.utils.data.dataloader"
 TORCHDATA_DATALOADER = "torchdata.stateful_dataloader.stateful_dataloader"
