@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint typecheck unit demo bench clean
+.PHONY: install test lint typecheck unit goldens demo bench clean
 
 $(STAMP): pyproject.toml requirements-test.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,10 +23,21 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy --strict rngaudit tests
 
+# Branch coverage of rngaudit, subprocesses included (torchrun ranks, DataLoader workers, the
+# RNGAUDIT start-up hook): [tool.coverage.run] patch = ["subprocess"] in pyproject.toml.
 unit: $(STAMP)
-	$(VENV)/bin/pytest -q -p no:cacheprovider
+	rm -f .coverage .coverage.*
+	$(VENV)/bin/coverage run -m pytest -q -p no:cacheprovider
+	$(VENV)/bin/coverage combine -q
+	$(VENV)/bin/coverage report
 
 test: lint typecheck unit
+
+# Rewrites the sample reports under tests/data and the golden renderings under tests/golden
+# (read the diff before committing it).
+goldens: $(STAMP)
+	$(PY) tests/data/make_samples.py
+	RNGAUDIT_UPDATE_GOLDEN=1 $(VENV)/bin/pytest -q -p no:cacheprovider tests/test_render.py
 
 demo: $(STAMP)
 	$(PY) examples/demo.py
@@ -35,4 +46,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) rngaudit-report .mypy_cache .ruff_cache
+	rm -rf $(VENV) rngaudit-report .mypy_cache .ruff_cache .coverage .coverage.*

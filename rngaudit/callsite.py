@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
+from collections.abc import Mapping
 from pathlib import PurePosixPath
 from types import CodeType, FrameType
 from typing import Any, NamedTuple
+
+from rngaudit import records
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
@@ -68,7 +71,7 @@ class CallSite(NamedTuple):
     line: int
     function: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> records.CallSiteDict:
         return {"file": self.file, "line": self.line, "function": self.function}
 
     def short(self) -> str:
@@ -89,7 +92,7 @@ def short_path(file: str) -> str:
     return PurePosixPath(posix).name or posix
 
 
-def format_site(site: dict[str, Any] | None, *, function: bool = True) -> str:
+def format_site(site: Mapping[str, Any] | None, *, function: bool = True) -> str:
     """A call site as ``file:line in function`` with the file shortened; ``""`` for none."""
     if not site:
         return ""

@@ -5,14 +5,15 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
+from rngaudit import config, naming, run_kind
 from rngaudit import findings as fk
-from rngaudit import run_kind
 from rngaudit.callsite import format_site
+from rngaudit.events import DRAW, PRE_ITERATION, SEED
 from rngaudit.findings import Finding, format_ranks
 
-GLOBAL_TORCH = "torch.default_generator"
 UNSEEN = "<not loaded>"  # a generator absent at entry and never drawn from
 
 SAMPLER_REMEDY = (
@@ -91,7 +92,7 @@ def _site(cs: dict[str, Any] | None) -> str:
 
 
 def _family(generator: str) -> str:
-    return generator.split("#", 1)[0]
+    return naming.family(generator)
 
 
 def _groups(values: dict[int, Any]) -> str:
@@ -106,7 +107,7 @@ def _groups(values: dict[int, Any]) -> str:
     return "; ".join(parts)
 
 
-def signature(record: dict[str, Any]) -> str:
+def signature(record: Mapping[str, Any]) -> str:
     """A digest of everything the rules compare in a rank record.
 
     Each rank computes its own before the exchange; ranks with equal signatures are compared
@@ -159,7 +160,7 @@ def _pre_iteration(record: dict[str, Any], audit: int) -> list[dict[str, Any]]:
     events = [
         e
         for e in record.get("events", [])
-        if e.get("phase") == "pre-iteration" and e.get("audit", audit) == audit
+        if e.get("phase") == PRE_ITERATION and e.get("audit", audit) == audit
     ]
     return sorted(events, key=lambda e: int(e.get("seq", 0)))
 
@@ -185,7 +186,7 @@ def _unseen_at_entry(records: list[dict[str, Any]], generator: str) -> bool:
 
 def _origin(records: list[dict[str, Any]], groups: _Groups) -> list[str]:
     """Why the global torch RNG differed, as far as the records tell."""
-    seeds = {int(r["rank"]): r.get("initial_seeds", {}).get(GLOBAL_TORCH) for r in records}
+    seeds = {int(r["rank"]): r.get("initial_seeds", {}).get(naming.TORCH_DEFAULT) for r in records}
     if None not in seeds.values() and len(set(seeds.values())) > 1:
         return [
             f"The ranks' torch seeds differ ({_groups(groups.expand(seeds))}): torch picks a "
@@ -193,7 +194,7 @@ def _origin(records: list[dict[str, Any]], groups: _Groups) -> list[str]:
             "import unless every rank seeds it, and set_seed(..., device_specific=True) adds "
             "the rank to the seed."
         ]
-    if _entry_differs(records, GLOBAL_TORCH):
+    if _entry_differs(records, naming.TORCH_DEFAULT):
         if all(r.get("from_start") for r in records):
             return ["The global torch RNG differed across ranks from the first recorded draw."]
         return [
@@ -204,7 +205,7 @@ def _origin(records: list[dict[str, Any]], groups: _Groups) -> list[str]:
     return []
 
 
-MODE_ORDER = ("report", "warn", "raise")  # weakest first: every rank acts on the strictest
+MODE_ORDER = tuple(reversed(config.MODES))  # weakest first: every rank acts on the strictest
 
 
 def strictest(modes: list[str], default: str) -> tuple[str, bool]:
@@ -360,7 +361,7 @@ def _sampler_divergence(
 ) -> list[Finding]:
     per_rank = {
         int(r["rank"]): [
-            e for e in _pre_iteration(r, audit) if e.get("sampler") and e["kind"] == "draw"
+            e for e in _pre_iteration(r, audit) if e.get("sampler") and e["kind"] == DRAW
         ]
         for r in records
     }
@@ -453,7 +454,7 @@ def _consumption_mismatch(
         rank = int(r["rank"])
         counter: Counter[tuple[str, str, str, int]] = Counter()
         for e in _pre_iteration(r, audit):
-            if e.get("kind") not in ("draw", "seed"):
+            if e.get("kind") not in (DRAW, SEED):
                 continue
             key = _consumption_key(e)
             counter[key] += int(e.get("count", 1))
@@ -504,7 +505,7 @@ def _state_divergence(
     out = []
     kind = _framework(records)
     for name in names:
-        if "#" in name:
+        if naming.is_explicit(name):
             continue  # explicit generators: numbering is per rank; compared via samplers
         values = {int(r["rank"]): r.get("states", {}).get("exit", {}).get(name) for r in records}
         if len(set(values.values())) <= 1:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rngaudit.callsite import format_site
+from rngaudit.events import DRAW
 from rngaudit.findings import format_ranks
 from rngaudit.report import AuditReport
 from rngaudit.report_load import load_report_dir
@@ -329,7 +330,7 @@ def _state_differs(a: Event, b: Event) -> bool:
     """Both are draws whose recorded generator states differ. (A seeding's state before it
     is not compared: for an unseeded generator it is random on every run.)"""
     fa, fb = a.get("fingerprint"), b.get("fingerprint")
-    return a.get("kind") == "draw" and bool(fa) and bool(fb) and fa != fb
+    return a.get("kind") == DRAW and bool(fa) and bool(fb) and fa != fb
 
 
 def _rank_diff(rank: int, ra: dict[str, Any] | None, rb: dict[str, Any] | None) -> RankDiff:
@@ -383,7 +384,7 @@ def _after(events_a: list[Event], events_b: list[Event]) -> list[SiteChange]:
         for event in events:
             row = table.setdefault(event_key(event), [0, 0, [], [], event])
             row[column] += max(1, _int(event.get("count")))
-            if event.get("kind") == "draw" and event.get("fingerprint"):
+            if event.get("kind") == DRAW and event.get("fingerprint"):
                 row[2 + column].append(event.get("fingerprint"))
     changes = []
     for row in table.values():

@@ -23,8 +23,9 @@ from typing import Any
 
 import wrapt
 
-from rngaudit import epoch_rules, exchange, instrument_loaders, sharding
+from rngaudit import epoch_rules, exchange, instrument_loaders, records, sharding
 from rngaudit.config import Settings
+from rngaudit.events import DRAW
 from rngaudit.findings import Finding
 from rngaudit.patching import PatchSet
 from rngaudit.recorder import RECORDER
@@ -296,7 +297,7 @@ def _teed(shard: Any, gen: Iterator[Any], tape: sharding.OrderTape) -> Iterator[
             try:
                 events = RECORDER.events_since(window)
                 tape.draws = [
-                    _draw_summary(e) for e in events if e.get("sampler") and e["kind"] == "draw"
+                    _draw_summary(e) for e in events if e.get("sampler") and e["kind"] == DRAW
                 ]
             except Exception:
                 log.debug("rngaudit: could not read the first batch's draws", exc_info=True)
@@ -309,15 +310,16 @@ def _teed(shard: Any, gen: Iterator[Any], tape: sharding.OrderTape) -> Iterator[
     yield from gen
 
 
-def _draw_summary(event: dict[str, Any]) -> dict[str, Any]:
+def _draw_summary(event: records.Event) -> dict[str, Any]:
+    sampler = event.get("sampler")
     return {
         "op": event.get("op"),
         "generator": event.get("generator"),
         "fingerprint": event.get("fingerprint"),
-        "output_digest": (event.get("sampler") or {}).get("output_digest"),
+        "output_digest": sampler["output_digest"] if sampler else None,
         "call_site": event.get("call_site"),
         "user_call_site": event.get("user_call_site"),
-        "sampler": (event.get("sampler") or {}).get("chain"),
+        "sampler": sampler["chain"] if sampler else None,
     }
 
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import itertools
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from rngaudit import records
 from rngaudit.callsite import CallSite
 
-DRAW, SEED, STATE = "draw", "seed", "state"
-PRE_ITERATION, ITERATION = "pre-iteration", "iteration"
+DRAW, SEED, STATE, CREATE = "draw", "seed", "state", "create"  # event kinds
+PRE_ITERATION, ITERATION = "pre-iteration", "iteration"  # event phases
 
 
 @dataclass
@@ -22,7 +23,7 @@ class SamplerInfo:
     loader: str | None = None
     output_digest: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> records.SamplerDict:
         return {"chain": self.chain, "loader": self.loader, "output_digest": self.output_digest}
 
 
@@ -44,10 +45,9 @@ class Event:
     phase: str
     sampler: SamplerInfo | None = None
     count: int = 1
-    extra: dict[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def to_dict(self) -> records.Event:
+        return {
             "seq": self.seq,
             "audit": self.audit,
             "generator": self.generator,
@@ -63,8 +63,6 @@ class Event:
             "phase": self.phase,
             "sampler": self.sampler.to_dict() if self.sampler else None,
         }
-        out.update(self.extra)
-        return out
 
 
 AggKey = tuple[Any, ...]

@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, ClassVar
@@ -59,7 +60,7 @@ def _store() -> Any:
     return distributed_c10d._get_default_store()
 
 
-def encode(record: dict[str, Any]) -> bytes:
+def encode(record: Mapping[str, Any]) -> bytes:
     return zlib.compress(json.dumps(record, sort_keys=True).encode("utf-8"))
 
 
@@ -193,7 +194,7 @@ def publish(
     rank: int,
     world: int,
     key: str,
-    record: dict[str, Any],
+    record: Mapping[str, Any],
     info: dict[str, Any],
     everyone: bool = False,
     payload: bytes | None = None,
@@ -223,7 +224,7 @@ def publish(
 
 
 def exchange(
-    record: dict[str, Any],
+    record: Mapping[str, Any],
     key: str,
     timeout: float,
     fetch_all: bool = False,
@@ -249,7 +250,7 @@ def exchange(
     """
     where = distributed()
     if where is None:
-        return Exchanged([record], 1, 0, [], 0.0, arrived=[0])
+        return Exchanged([dict(record)], 1, 0, [], 0.0, arrived=[0])
     rank, world = where
     return exchange_on(
         _store(), rank, world, record, key, timeout, fetch_all, info, leave, report_all
@@ -260,7 +261,7 @@ def exchange_on(
     store: Any,
     rank: int,
     world: int,
-    record: dict[str, Any],
+    record: Mapping[str, Any],
     key: str,
     timeout: float,
     fetch_all: bool = False,
@@ -281,7 +282,7 @@ def collect(
     store: Any,
     rank: int,
     world: int,
-    record: dict[str, Any],
+    record: Mapping[str, Any],
     key: str,
     timeout: float,
     fetch_all: bool = False,
@@ -444,7 +445,7 @@ def _result(
     store: Any,
     keys: _Keys,
     decision: dict[str, Any],
-    record: dict[str, Any],
+    record: Mapping[str, Any],
     rank: int,
     world: int,
     fetch_all: bool,
@@ -464,7 +465,7 @@ def _result(
     records: list[dict[str, Any]] = []
     for r in arrived:
         if r == rank:
-            records.append(record)
+            records.append(dict(record))
         elif r in received:
             records.append(dict(decode(received[r]), rank=r))
         else:

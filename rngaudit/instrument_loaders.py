@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, Literal
 
-from rngaudit import instrument_samplers, naming
+from rngaudit import events as events_mod
+from rngaudit import instrument_samplers, naming, records
 from rngaudit.recorder import Recorder
 
 # (module, class) whose __init__ registers the new loader with the recorder.
@@ -62,9 +63,9 @@ def sampler_chain(loader: Any) -> list[Any]:
     return chain
 
 
-def summarize(rec: Recorder, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def summarize(rec: Recorder, events: list[records.Event]) -> list[records.Loader]:
     """One entry per loader built in the window (report field ``loaders``)."""
-    out = []
+    out: list[records.Loader] = []
     for loader in rec.new_loaders:
         name = rec.loaders.name(type(loader).__name__, id(loader), loader)
         chain = sampler_chain(loader)
@@ -76,7 +77,7 @@ def summarize(rec: Recorder, events: list[dict[str, Any]]) -> list[dict[str, Any
         early = [
             e
             for e in events
-            if (e.get("sampler") or {}).get("loader") == name and e["phase"] == "pre-iteration"
+            if _sampler_field(e, "loader") == name and e["phase"] == events_mod.PRE_ITERATION
         ]
         out.append(
             {
@@ -86,12 +87,16 @@ def summarize(rec: Recorder, events: list[dict[str, Any]]) -> list[dict[str, Any
                 "generator": _generator_name(rec, generator),
                 "drew_before_iteration": bool(early),
                 "fingerprint": early[0]["fingerprint"] if early else None,
-                "output_digest": (early[0]["sampler"] or {}).get("output_digest")
-                if early
-                else None,
+                "output_digest": _sampler_field(early[0], "output_digest") if early else None,
             }
         )
     return out
+
+
+def _sampler_field(event: records.Event, key: Literal["loader", "output_digest"]) -> str | None:
+    """``event["sampler"][key]``, None when the draw was not for a sampler."""
+    sampler = event["sampler"]
+    return sampler[key] if sampler else None
 
 
 def _generator_name(rec: Recorder, generator: Any) -> str:

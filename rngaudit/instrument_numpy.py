@@ -7,7 +7,7 @@ from typing import Any
 
 from rngaudit import fingerprint, naming
 from rngaudit.callsite import Stack
-from rngaudit.events import DRAW, SEED, STATE
+from rngaudit.events import CREATE, DRAW, SEED, STATE
 from rngaudit.recorder import GenInfo, Recorder
 
 DRAWS = (
@@ -18,7 +18,6 @@ DRAWS = (
     "standard_exponential", "standard_gamma", "standard_t", "triangular", "weibull",
 )  # fmt: skip
 STATE_OPS = {"seed": SEED, "set_state": STATE}
-CREATE = "create"
 
 
 class NumpyInstrumentation:

@@ -8,6 +8,17 @@ from typing import Any
 TORCH_DEFAULT = "torch.default_generator"
 PYTHON_GLOBAL = "random (global)"
 NUMPY_GLOBAL = "numpy.random (global)"
+NUMBER_MARK = "#"  # explicit generators: "<family>#<n>", numbered per process in order of sight
+
+
+def family(name: str) -> str:
+    """The family of a generator name: ``torch.Generator#2 (sampler)`` -> ``torch.Generator``."""
+    return name.split(NUMBER_MARK, 1)[0]
+
+
+def is_explicit(name: str) -> bool:
+    """An explicit generator (numbered per process), not a global one."""
+    return NUMBER_MARK in name
 
 
 def cuda_default(index: int) -> str:
@@ -38,7 +49,7 @@ class GeneratorNames:
             if found is None:
                 number = self._counters.get(family, 0) + 1
                 self._counters[family] = number
-                found = f"{family}#{number}" + (f" ({hint})" if hint else "")
+                found = f"{family}{NUMBER_MARK}{number}" + (f" ({hint})" if hint else "")
                 self._names[ident] = found
                 self._keep.append(obj)
             return found

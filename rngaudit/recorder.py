@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from threading import current_thread
 from typing import Any
 
-from rngaudit import callsite, fingerprint, naming
+from rngaudit import callsite, fingerprint, naming, records
 from rngaudit.errors import RNGAuditError
 from rngaudit.events import ITERATION, PRE_ITERATION, Event, EventLog, SamplerInfo
 from rngaudit.patching import PatchSet
@@ -92,7 +92,7 @@ class Recorder:
             self.audit_index = index
             return window
 
-    def events_since(self, window: Window) -> list[dict[str, Any]]:
+    def events_since(self, window: Window) -> list[records.Event]:
         """The window's events (so far) as report dicts, labelled with its audit index."""
         out = []
         for event in self.log.since(window.start):

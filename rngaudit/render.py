@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from rngaudit.callsite import format_site
+from rngaudit.events import DRAW, PRE_ITERATION
 from rngaudit.findings import Finding, format_ranks
 from rngaudit.report import AuditReport
 
@@ -211,7 +212,7 @@ class _Timeline:
 def _timelines(report: AuditReport) -> list[_Timeline]:
     records = sorted(report.ranks, key=lambda r: _number(r, "rank"))
     per_rank = [
-        [e for e in r.get("events") or [] if e.get("phase") == "pre-iteration"] for r in records
+        [e for e in r.get("events") or [] if e.get("phase") == PRE_ITERATION] for r in records
     ]
     audits = sorted({_number(e, "audit") for events in per_rank for e in events})
     labels = {a.get("index"): str(a.get("label") or "") for a in report.audits}
@@ -249,7 +250,7 @@ def _first_divergence(rows: list[list[Event | None]], ranks: list[int]) -> tuple
             return i, "ranks differ in generator, op, call site or count"
         fingerprints = [e.get("fingerprint") for e in events]
         if (
-            all(e.get("kind") == "draw" for e in events)
+            all(e.get("kind") == DRAW for e in events)
             and all(fingerprints)
             and len(set(fingerprints)) > 1
         ):

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from rngaudit.diff import RankDiff, RunDiff, event_key, ordered_events, ranks_label
+from rngaudit.events import DRAW
 from rngaudit.findings import Finding, format_ranks
 from rngaudit.render import (
     _audit_suffix,
@@ -231,7 +232,7 @@ def _report_timeline(timeline: _Timeline, first: bool) -> str:
 def _cell_key(cell: Cell) -> Any:
     if cell is None:
         return None
-    return [*_event_key(cell), cell.get("fingerprint") if cell.get("kind") == "draw" else None]
+    return [*_event_key(cell), cell.get("fingerprint") if cell.get("kind") == DRAW else None]
 
 
 # Diff pieces -------------------------------------------------------------------------------
@@ -318,7 +319,7 @@ def _grid(
 def _diff_key(cell: Cell) -> Any:
     if cell is None:
         return None
-    state = cell.get("fingerprint") if cell.get("kind") == "draw" else None
+    state = cell.get("fingerprint") if cell.get("kind") == DRAW else None
     return [*event_key(cell), cell.get("count"), state]
 
 

@@ -41,12 +41,14 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     write_text(path, encode(data))
 
 
-def write_text(path: Path, text: str) -> None:
+def write_text(path: Path, text: str, *, mkdir: bool = True) -> None:
     """Write ``text`` to ``path`` atomically (temp file + rename in the same directory).
 
     Temp files left by an earlier writer of ``path`` that was killed (``kill -9``) are removed.
+    ``mkdir=False``: a missing directory is an error (OSError), not created.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if mkdir:
+        path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(path)
     fd, tmp = tempfile.mkstemp(
         prefix=f".{path.name}.{os.getpid()}.{_HOST}.", suffix=".tmp", dir=path.parent

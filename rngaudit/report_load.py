@@ -63,7 +63,6 @@ _EVENT_OPTIONAL = {
     "user_call_site": dict,
     "count": int,
     "fingerprint": str,
-    "last_fingerprint": str,
     "thread": str,
     "pid": int,
     "phase": str,

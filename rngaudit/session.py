@@ -9,12 +9,20 @@ import socket
 import sys
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rngaudit import compare, environment, exchange, instrument_loaders, report_files, run_kind
+from rngaudit import (
+    compare,
+    environment,
+    exchange,
+    instrument_loaders,
+    records,
+    report_files,
+    run_kind,
+)
 from rngaudit.errors import (
     RNGAuditError,
     RNGAuditTimeoutError,
@@ -69,7 +77,7 @@ class Session:
             self.rank = 0
         self.world_size = launched_world_size()
         self.joined = False  # has exchanged through a process group: rank and world are known
-        self.pending: list[tuple[int, str, dict[str, Any]]] = []  # deferred: no group yet
+        self.pending: list[tuple[int, str, records.RankRecord]] = []  # deferred: no group yet
         self._set_aside_for: str | None = None  # run id whose predecessors were moved away
         self.audits: list[dict[str, Any]] = []
         self.findings: list[Finding] = []
@@ -89,7 +97,7 @@ class Session:
         self,
         index: int,
         label: str,
-        record: dict[str, Any],
+        record: records.RankRecord,
         timeout: float,
         *,
         strict: bool = False,
@@ -129,7 +137,7 @@ class Session:
         if where is not None:
             self.rank, self.world_size = where
             self.joined = True
-        record = dict(record, rank=self.rank, run_id=self.run_id, audit_index=index)
+        record = {**record, "rank": self.rank, "run_id": self.run_id, "audit_index": index}
         record["signature"] = compare.signature(record)  # lets compare() group equal ranks
         name = identity or label
         with self._lock:
@@ -288,8 +296,8 @@ class Session:
         self,
         index: int,
         label: str,
-        events: list[dict[str, Any]],
-        loaders: list[dict[str, Any]],
+        events: list[records.Event],
+        loaders: list[records.Loader],
         entry: dict[str, str | None],
         exit_states: dict[str, str | None],
         timeout: float,
@@ -358,7 +366,7 @@ class Session:
             self.findings.append(finding)
             self.write()
 
-    def _accumulate(self, rec: dict[str, Any], index: int) -> None:
+    def _accumulate(self, rec: Mapping[str, Any], index: int) -> None:
         rank = int(rec["rank"])
         acc = self.records.setdefault(
             rank,
@@ -463,32 +471,40 @@ def for_dir(report_dir: Path, mode: str) -> Session:
 
 
 def _merge_records(
-    earlier: list[dict[str, Any]], record: dict[str, Any], index: int
-) -> dict[str, Any]:
+    earlier: list[records.RankRecord], record: records.RankRecord, index: int
+) -> records.RankRecord:
     """Deferred records and the current one as one record of audit ``index``: events in
     order, entry states from the first, exit states from the last."""
-    records = [*earlier, record]
-    events = [dict(e, audit=index) for rec in records for e in rec.get("events", [])]
-    loaders = [loader for rec in records for loader in rec.get("loaders", [])]
+    chunks = [*earlier, record]
+    events: list[records.Event] = [
+        {**e, "audit": index} for rec in chunks for e in rec.get("events", [])
+    ]
+    loaders = [loader for rec in chunks for loader in rec.get("loaders", [])]
     states = {
-        "entry": records[0].get("states", {}).get("entry", {}),
+        "entry": chunks[0].get("states", {}).get("entry", {}),
         "exit": record.get("states", {}).get("exit", {}),
     }
-    exception = next((rec["exception"] for rec in records if rec.get("exception")), None)
-    merged = dict(record, events=events, loaders=loaders, states=states, exception=exception)
-    merged["from_start"] = any(bool(rec.get("from_start")) for rec in records)
+    exception = next((rec["exception"] for rec in chunks if rec.get("exception")), None)
+    merged: records.RankRecord = {
+        **record,
+        "events": events,
+        "loaders": loaders,
+        "states": states,
+        "exception": exception,
+    }
+    merged["from_start"] = any(bool(rec.get("from_start")) for rec in chunks)
     return merged
 
 
 def rank_record(
     label: str,
-    events: list[dict[str, Any]],
-    loaders: list[dict[str, Any]],
+    events: list[records.Event],
+    loaders: list[records.Loader],
     states: dict[str, Any],
     *,
     from_start: bool,
     exception: str | None = None,
-) -> dict[str, Any]:
+) -> records.RankRecord:
     """This rank's record of one audit window, as it is exchanged and compared."""
     return {
         "pid": os.getpid(),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
@@ -11,8 +10,10 @@ import types
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
+from pathlib import Path
 from typing import Any
 
+from rngaudit import report_files
 from rngaudit.fingerprint import of as state_fingerprint
 
 # Bounds of one walk over a dataset graph: depth below the root, items looked at per
@@ -267,14 +268,10 @@ def report_name(worker_id: int) -> str:
 
 def write_report(report_dir: str, worker_id: int, report: dict[str, Any]) -> bool:
     """Write one worker's report atomically; never raises (a missing directory is fine)."""
-    tmp = os.path.join(report_dir, f".{report_name(worker_id)}.{os.getpid()}.tmp")
+    path = Path(report_dir) / report_name(worker_id)
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(report, f)
-        os.replace(tmp, os.path.join(report_dir, report_name(worker_id)))
+        report_files.write_text(path, json.dumps(report), mkdir=False)
     except Exception:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
         return False
     return True
 

@@ -14,12 +14,11 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from rngaudit.config import MODES
 from rngaudit.errors import ConfigError, RNGAuditWarning, WorkerDuplicateStreamError
 from rngaudit.findings import PERSISTENT_WORKER_STREAM, WORKER_DUPLICATE_STREAM, Finding
 from rngaudit.patching import PatchSet
 from rngaudit.worker_probe import GeneratorRef, WorkerProbe, find_generators, read_reports
-
-MODES = ("raise", "warn", "report")
 
 TORCH_DATALOADER = "torch.utils.data.dataloader"
 TORCHDATA_DATALOADER = "torchdata.stateful_dataloader.stateful_dataloader"

@@ -4,6 +4,8 @@
 extra ``torch.rand`` before ``accelerator.prepare()``, so the sampler generator that prepare()
 seeds from the global RNG differs across ranks. ``clean``: the same run without the extra draw.
 Each directory holds ``rank-0.json``, ``rank-1.json`` and the merged ``report.json``.
+The events are built by hand in the producer's shapes (``rngaudit.records.Event``, checked by
+mypy): they are not yet captured from a real 2-rank run. ``make goldens`` runs both steps:
 
     .venv/bin/python tests/data/make_samples.py
     RNGAUDIT_UPDATE_GOLDEN=1 .venv/bin/pytest tests/test_render.py
@@ -16,6 +18,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from rngaudit.events import ITERATION, PRE_ITERATION
+from rngaudit.records import CallSiteDict, Event, SamplerDict
 from rngaudit.report_load import load_report_dir
 
 HERE = Path(__file__).parent
@@ -26,7 +30,7 @@ SAMPLER = "torch.Generator#1 (sampler.generator)"
 GLOBAL = "torch.default_generator"
 
 
-def site(file: str, line: int, function: str) -> dict[str, Any]:
+def site(file: str, line: int, function: str) -> CallSiteDict:
     return {"file": file, "line": line, "function": function}
 
 
@@ -34,12 +38,15 @@ def event(
     generator: str,
     op: str,
     kind: str,
-    chain: list[dict[str, Any]],
-    user: dict[str, Any],
+    chain: list[CallSiteDict],
+    user: CallSiteDict,
     fingerprint: str | None,
-    **extra: Any,
-) -> dict[str, Any]:
-    out = {
+    *,
+    sampler: SamplerDict | None = None,
+    count: int = 1,
+    phase: str = PRE_ITERATION,
+) -> Event:
+    return {
         "seq": 0,
         "audit": 0,
         "generator": generator,
@@ -48,16 +55,13 @@ def event(
         "call_site": chain[0],
         "chain": chain,
         "user_call_site": user,
-        "count": 1,
+        "count": count,
         "fingerprint": fingerprint,
-        "last_fingerprint": fingerprint,
         "thread": "MainThread",
         "pid": 0,
-        "phase": "pre-iteration",
-        "sampler": None,
+        "phase": phase,
+        "sampler": sampler,
     }
-    out.update(extra)
-    return out
 
 
 def record(rank: int, extra_draw: bool) -> dict[str, Any]:
@@ -89,13 +93,13 @@ def record(rank: int, extra_draw: bool) -> dict[str, Any]:
         ),
     ]
     # After set_seed(42) every rank's global torch state is the same.
-    states = ["5e6f7a8b9c0d1e2f", "a1b2c3d4e5f60718"]
-    sampler_state = "3b4c5d6e7f809112"
+    states = ["5e6f7a8b", "a1b2c3d4"]  # fingerprints are crc32s: 8 hex digits
+    sampler_state = "3b4c5d6e"
     if extra_draw:
         rand = site(USER, 35, "main")
         events.append(event(GLOBAL, "aten.uniform_", "draw", [rand], rand, states[0]))
-        states = ["a1b2c3d4e5f60718", "d4c3b2a190817263"]
-        sampler_state = "f0e1d2c3b4a59687"
+        states = ["a1b2c3d4", "d4c3b2a1"]
+        sampler_state = "f0e1d2c3"
     accelerator_prepare = site(SP + "accelerate/accelerator.py", 2412, "prepare")
     adapter_init = site(SP + "accelerate/data_loader.py", 437, "__init__")
     reset = site(SP + "torch/utils/data/dataloader.py", 1276, "_reset")
@@ -127,7 +131,7 @@ def record(rank: int, extra_draw: bool) -> dict[str, Any]:
             sampler={
                 "chain": "BatchSamplerShard > BatchSampler > RandomSampler",
                 "loader": "train_loader",
-                "output_digest": "77e1c0de" + sampler_state[:8],
+                "output_digest": "77e1c0de" + sampler_state,
             },
         ),
         event(
@@ -136,22 +140,21 @@ def record(rank: int, extra_draw: bool) -> dict[str, Any]:
             "draw",
             [site(SP + "torch/nn/functional.py", 1425, "dropout"), forward],
             forward,
-            "c0ffee0012345678",
+            "c0ffee00",
             count=240,
-            phase="iteration",
-            last_fingerprint="beef00cafe123456",
+            phase=ITERATION,
         ),
     ]
     pid = 4101 + rank
     for seq, item in enumerate(events):
         item["seq"], item["pid"] = seq, pid
-    exit_state = "3333cccc4444dddd" if extra_draw else "5555eeee6666ffff"
+    exit_state = "3333cccc" if extra_draw else "5555eeee"
     return {
         "rank": rank,
         "pid": pid,
         "host": "node-a",
         "events": events,
-        "states": {"entry": {GLOBAL: "1111aaaa2222bbbb"}, "exit": {GLOBAL: exit_state}},
+        "states": {"entry": {GLOBAL: "1111aaaa"}, "exit": {GLOBAL: exit_state}},
     }
 
 
