@@ -182,3 +182,46 @@ def test_every_rank_leaves_its_report(runs: dict[str, Any], how: str) -> None:
     assert {"sampler-draw-divergence", "dataset-divergence"} <= kinds
     # a loader only rank 0 iterates (rank0_only_eval_loader) is never exchanged: nobody waited
     assert "rank-missing" not in kinds
+
+
+@pytest.fixture(scope="module")
+def slurm_style(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, Any]]:
+    """One process per rank started directly, the rank read from the environment (as SLURM's
+    srun does): no torchrun, no launcher process at all, RNGAUDIT=1 exported."""
+    import socket
+
+    outdir = tmp_path_factory.mktemp("harm-slurm")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    only = "ds_seed_per_rank,set_epoch_correct"
+    procs = []
+    for rank in range(NPROC):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RNGAUDIT")}
+        env.update(
+            RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(NPROC),
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+            PYTHONWARNINGS="ignore", RNGAUDIT="1", RNGAUDIT_REPORT_DIR=str(outdir / "report"),
+        )  # fmt: skip
+        cmd = [sys.executable, str(SCRIPT), str(outdir), "--how", "env", "--only", only]
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True))
+    for proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+    results = {r: json.loads((outdir / f"result-rank{r}.json").read_text()) for r in range(NPROC)}
+    return outdir, results
+
+
+def test_slurm_style_ranks_are_audited(
+    runs: dict[str, Any], slurm_style: tuple[Path, dict[int, Any]]
+) -> None:
+    outdir, results = slurm_style
+    assert any(_truth(runs, "ds_seed_per_rank")) and not any(_truth(runs, "set_epoch_correct"))
+    for rank in range(NPROC):
+        assert results[rank]["ds_seed_per_rank"]["raised"], rank
+        assert not results[rank]["set_epoch_correct"]["raised"], rank
+        assert results[rank]["set_epoch_correct"]["epochs"] == (
+            runs["none"][rank]["set_epoch_correct"]["epochs"]
+        )
+    names = sorted(p.name for p in (outdir / "report").iterdir() if p.is_file())
+    assert names == ["rank-0.json", "rank-1.json", "report.json"]
