@@ -19,7 +19,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import rngaudit
-from rngaudit import instrument_torch
+from rngaudit.instrument import torch_ops as instrument_torch
 from rngaudit.recorder import RECORDER
 
 TMP_PREFIX = "rngaudit-bench-draws-"  # removed at exit, with the generated files and reports

@@ -16,7 +16,8 @@ from typing import Any
 import benchlib
 from bench_compare import rank_events
 
-from rngaudit import compare, exchange, report_files
+from rngaudit import compare, exchange
+from rngaudit import report_write as report_files
 
 TIMEOUT = 300.0
 

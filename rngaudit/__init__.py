@@ -11,7 +11,7 @@ from rngaudit.errors import RNGDivergenceError as RNGDivergenceError
 from rngaudit.errors import WorkerDuplicateStreamError as WorkerDuplicateStreamError
 from rngaudit.findings import Finding as Finding
 from rngaudit.report import AuditReport as AuditReport
-from rngaudit.report_files import flush as wait_for_reports
+from rngaudit.report_write import flush as wait_for_reports
 
 __version__ = "0.1.0"
 

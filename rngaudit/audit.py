@@ -13,16 +13,12 @@ from contextlib import ContextDecorator
 from types import TracebackType
 from typing import Any, TypeVar
 
-from rngaudit import (
-    config,
-    epoch_check,
-    instrument_torch,
-    instrumentation,  # noqa: F401  (registers the recorder's installer)
-    session,
-)
+from rngaudit import config, epoch_check, session
+from rngaudit import instrument as instrumentation  # noqa: F401  (registers the installer)
 from rngaudit.callsite import here
 from rngaudit.errors import RNGAuditError
 from rngaudit.findings import Finding
+from rngaudit.instrument import torch_ops as instrument_torch
 from rngaudit.recorder import RECORDER, Window
 from rngaudit.report import AuditReport
 from rngaudit.session import act
@@ -191,7 +187,7 @@ def _worker_monitor(sess: session.Session, seen: list[Finding], settings: config
     """Watch DataLoader workers started inside the window (only if torch is loaded)."""
     if "torch" not in sys.modules:
         return None
-    from rngaudit.workers import WorkerMonitor
+    from rngaudit.workers.monitor import WorkerMonitor
 
     def sink(finding: Finding) -> None:
         seen.append(finding)

@@ -31,8 +31,8 @@ from rngaudit.render import (
 from rngaudit.render_diff import render_diff_json, render_diff_markdown, render_diff_text
 from rngaudit.render_html import render_diff_html, render_html
 from rngaudit.report import AuditReport
-from rngaudit.report_files import set_aside
-from rngaudit.report_load import find_report_files, load_report_dir
+from rngaudit.report_read import find_report_files, load_report_dir
+from rngaudit.report_write import set_aside
 
 OK, FINDINGS, UNUSABLE = 0, 1, 2  # exit statuses
 HTML_FILE = "report.html"  # what ``rngaudit run --html`` writes into the report directory

@@ -12,7 +12,7 @@ from rngaudit.callsite import format_site
 from rngaudit.events import DRAW
 from rngaudit.findings import format_ranks
 from rngaudit.report import AuditReport
-from rngaudit.report_load import load_report_dir
+from rngaudit.report_read import load_report_dir
 
 LOOKAHEAD = 32  # how far ahead an event is searched for before two events count as different
 BEFORE = 3  # common events shown before the first divergence

@@ -23,10 +23,11 @@ from typing import Any
 
 import wrapt
 
-from rngaudit import epoch_rules, exchange, instrument_loaders, records, sharding
+from rngaudit import epoch_rules, exchange, records, sharding
 from rngaudit.config import Settings
 from rngaudit.events import DRAW
 from rngaudit.findings import Finding
+from rngaudit.instrument import loaders as instrument_loaders
 from rngaudit.patching import PatchSet
 from rngaudit.recorder import RECORDER
 from rngaudit.report import AuditReport

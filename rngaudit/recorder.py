@@ -56,7 +56,7 @@ class Recorder:
         self._fork_handler = False
         self._thread_windows: dict[int, list[Window]] = {}  # thread ident -> its open windows
         self.torch: Any = None  # the TorchInstrumentation while installed (per-thread modes)
-        # Installs the instrumentation for an outermost window (rngaudit.instrumentation
+        # Installs the instrumentation for an outermost window (rngaudit.instrument
         # registers it: the recorder does not import the instrumentation).
         self.installer: Callable[[Recorder], None] | None = None
 

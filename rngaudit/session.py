@@ -14,15 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rngaudit import (
-    compare,
-    environment,
-    exchange,
-    instrument_loaders,
-    records,
-    report_files,
-    run_kind,
-)
+from rngaudit import compare, environment, exchange, records, run_kind
+from rngaudit import report_write as report_files
 from rngaudit.errors import (
     RNGAuditError,
     RNGAuditTimeoutError,
@@ -30,6 +23,7 @@ from rngaudit.errors import (
     RNGDivergenceError,
 )
 from rngaudit.findings import RANK_MISSING, Finding, verdict_of
+from rngaudit.instrument import loaders as instrument_loaders
 from rngaudit.recorder import RECORDER, Window
 from rngaudit.report import SCHEMA_VERSION, AuditReport
 

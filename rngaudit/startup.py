@@ -58,9 +58,9 @@ def process_startup(environ: dict[str, str] | None = None) -> Any:
         _say(f"{_one_line(exc)}; running unaudited")
         return None
     try:
-        from rngaudit.run_audit import RunAudit
+        from rngaudit.whole_run import WholeRun
 
-        CONTROLLER = RunAudit(settings)
+        CONTROLLER = WholeRun(settings)
         CONTROLLER.arm()
         atexit.register(CONTROLLER.at_exit)
         wrapt.register_post_import_hook(_watch_worker_loop, WORKER_MODULE)

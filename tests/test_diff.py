@@ -16,7 +16,7 @@ from conftest import ROOT, run_python
 from rngaudit.cli import main
 from rngaudit.diff import diff_dirs, diff_reports
 from rngaudit.render_diff import render_diff_text
-from rngaudit.report_load import load_report_dir
+from rngaudit.report_read import load_report_dir
 
 SCRIPT = "tests/envmode/seeded_diff.py"
 VARIANTS: dict[str, dict[str, str]] = {

@@ -17,9 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rngaudit
-from rngaudit.instrument_numpy import DRAWS as NUMPY_DRAWS
-from rngaudit.instrument_python import DRAWS as PY_DRAWS
-from rngaudit.instrument_torch import intercepting
+from rngaudit.instrument.numpy_random import DRAWS as NUMPY_DRAWS
+from rngaudit.instrument.python_random import DRAWS as PY_DRAWS
+from rngaudit.instrument.torch_ops import intercepting
 
 Op = Callable[[dict[str, Any]], Any]
 

@@ -17,10 +17,11 @@ from conftest import run_python
 from torch.utils.data import DataLoader, RandomSampler
 
 import rngaudit
-from rngaudit import epoch_check, patching, workers
+from rngaudit import epoch_check, patching
 from rngaudit.callsite import MARKED_CODES
 from rngaudit.patching import ATTR, HOOK, MARKS, MISSING, UNDO, Entry, PatchSet
 from rngaudit.recorder import RECORDER
+from rngaudit.workers import monitor as workers
 
 
 def assert_restored(entries: list[Entry]) -> None:
@@ -131,7 +132,8 @@ import json, sys
 import torch
 import wrapt
 from torch.utils.data import DataLoader, RandomSampler
-from rngaudit import epoch_check, patching, startup, workers
+from rngaudit import epoch_check, patching, startup
+from rngaudit.workers import monitor as workers
 from rngaudit.recorder import RECORDER
 
 run = startup.CONTROLLER

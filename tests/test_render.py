@@ -28,7 +28,7 @@ from rngaudit.render import (
     render_text,
 )
 from rngaudit.report import AuditReport
-from rngaudit.report_load import load_report_dir
+from rngaudit.report_read import load_report_dir
 
 DATA = Path(__file__).parent / "data"
 GOLDEN = Path(__file__).parent / "golden"

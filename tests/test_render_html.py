@@ -17,7 +17,7 @@ from rngaudit.cli import main
 from rngaudit.diff import diff_reports
 from rngaudit.render_html import render_diff_html, render_html
 from rngaudit.report import AuditReport
-from rngaudit.report_load import load_report_dir
+from rngaudit.report_read import load_report_dir
 
 SCENARIOS = "tests/distributed/scenarios.py"
 NO_BROWSER = browser.missing()

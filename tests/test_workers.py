@@ -25,7 +25,8 @@ from torch.utils.data import DataLoader
 
 from rngaudit.errors import ConfigError, RNGAuditWarning, WorkerDuplicateStreamError
 from rngaudit.findings import PERSISTENT_WORKER_STREAM, WORKER_DUPLICATE_STREAM, Finding
-from rngaudit.worker_probe import (
+from rngaudit.workers.monitor import WorkerMonitor, analyse
+from rngaudit.workers.probe import (
     MAX_ITEMS,
     NUMPY_GENERATOR,
     NUMPY_RANDOMSTATE,
@@ -36,7 +37,6 @@ from rngaudit.worker_probe import (
     find_generators,
     fingerprint,
 )
-from rngaudit.workers import WorkerMonitor, analyse
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
@@ -111,7 +111,10 @@ def consume(dl: Any, epochs: int = 1) -> list[torch.Tensor]:
 
 
 def test_import_does_not_import_torch_or_numpy() -> None:
-    code = "import sys, rngaudit.workers; print('torch' in sys.modules, 'numpy' in sys.modules)"
+    code = (
+        "import sys, rngaudit.workers.monitor; "
+        "print('torch' in sys.modules, 'numpy' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
 

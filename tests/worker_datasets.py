@@ -215,7 +215,7 @@ def accelerate_scenario() -> None:
 
     from rngaudit.errors import WorkerDuplicateStreamError
     from rngaudit.findings import Finding
-    from rngaudit.workers import TORCHDATA_DATALOADER, WorkerMonitor
+    from rngaudit.workers.monitor import TORCHDATA_DATALOADER, WorkerMonitor
 
     found: list[Finding] = []
     monitor = WorkerMonitor(found.append, mode="raise")

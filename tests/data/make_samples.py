@@ -20,7 +20,7 @@ from typing import Any
 
 from rngaudit.events import ITERATION, PRE_ITERATION
 from rngaudit.records import CallSiteDict, Event, SamplerDict
-from rngaudit.report_load import load_report_dir
+from rngaudit.report_read import load_report_dir
 
 HERE = Path(__file__).parent
 SP = "/opt/venv/lib/python3.11/site-packages/"

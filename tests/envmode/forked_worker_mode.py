@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import rngaudit
-from rngaudit.instrument_torch import intercepting
+from rngaudit.instrument.torch_ops import intercepting
 
 
 class Probe(Dataset[torch.Tensor]):

@@ -1,4 +1,4 @@
-"""Tests for rngaudit.report_load: reading report.json, merging rank files, refusing bad input."""
+"""Tests for rngaudit.report_read: reading report.json, merging rank files, refusing bad input."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from rngaudit.errors import ReportError
 from rngaudit.findings import RANK_MISSING
-from rngaudit.report_load import find_report_files, load_report_dir
+from rngaudit.report_read import find_report_files, load_report_dir
 
 DATA = Path(__file__).parent / "data"
 

@@ -9,9 +9,10 @@ from collections.abc import Callable
 from sys import _getframe
 from typing import Any
 
-from rngaudit import fingerprint, naming, seeded_ops
+from rngaudit import fingerprint, naming
 from rngaudit.callsite import Stack
 from rngaudit.events import DRAW, SEED, STATE
+from rngaudit.instrument import seeded_ops
 from rngaudit.recorder import ROLE_LOADER, ROLE_SAMPLER, GenInfo, Recorder
 
 log = logging.getLogger("rngaudit")

@@ -13,7 +13,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from rngaudit import report_files
+from rngaudit import report_write as report_files
 from rngaudit.fingerprint import of as state_fingerprint
 
 # Bounds of one walk over a dataset graph: depth below the root, items looked at per

@@ -12,13 +12,13 @@ from pathlib import Path
 
 from conftest import ROOT
 
-from rngaudit import report_files
+from rngaudit import report_write as report_files
 
 # Writes a report, but blocks (forever) between the temp file and the rename: the test kills it.
 KILLED_WRITER = """
 import os, sys, threading
 from pathlib import Path
-from rngaudit import report_files
+from rngaudit import report_write as report_files
 real_replace = os.replace
 def stuck(src, dst):
     Path(sys.argv[2]).write_text(src)  # the event the test waits for

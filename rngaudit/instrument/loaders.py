@@ -6,7 +6,8 @@ import sys
 from typing import Any, Literal
 
 from rngaudit import events as events_mod
-from rngaudit import instrument_samplers, naming, records
+from rngaudit import naming, records
+from rngaudit.instrument import samplers as instrument_samplers
 from rngaudit.recorder import Recorder
 
 # (module, class) whose __init__ registers the new loader with the recorder.

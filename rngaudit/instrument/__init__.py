@@ -7,10 +7,11 @@ import logging
 import sys
 import threading
 
-from rngaudit import instrument_loaders, instrument_samplers
-from rngaudit.instrument_numpy import NumpyInstrumentation
-from rngaudit.instrument_python import PythonInstrumentation
-from rngaudit.instrument_torch import TorchInstrumentation
+from rngaudit.instrument import loaders as instrument_loaders
+from rngaudit.instrument import samplers as instrument_samplers
+from rngaudit.instrument.numpy_random import NumpyInstrumentation
+from rngaudit.instrument.python_random import PythonInstrumentation
+from rngaudit.instrument.torch_ops import TorchInstrumentation
 from rngaudit.recorder import RECORDER, Recorder
 
 log = logging.getLogger("rngaudit")

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 import rngaudit
-from rngaudit import instrument_torch, seeded_ops
-from rngaudit.instrument_torch import intercepting
+from rngaudit.instrument import seeded_ops
+from rngaudit.instrument import torch_ops as instrument_torch
+from rngaudit.instrument.torch_ops import intercepting
 from rngaudit.recorder import RECORDER
 
 

@@ -8,11 +8,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from rngaudit import report_files
+from rngaudit import report_write as report_files
 from rngaudit.errors import ReportError
 from rngaudit.findings import RANK_MISSING, SEVERITIES, Finding, format_ranks
 from rngaudit.report import SCHEMA_VERSION, AuditReport
-from rngaudit.report_files import MERGED_FILE, RANK_FILE
+from rngaudit.report_write import MERGED_FILE, RANK_FILE
 
 _RANK_PREFIX, _RANK_SUFFIX = RANK_FILE.split("{rank}")
 

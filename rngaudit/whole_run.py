@@ -8,16 +8,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from rngaudit import (
-    config,
-    epoch_check,
-    exchange,
-    instrument_torch,
-    session,
-    sharding,
-)
+from rngaudit import config, epoch_check, exchange, session, sharding
 from rngaudit.callsite import here
 from rngaudit.errors import ConfigError
+from rngaudit.instrument import torch_ops as instrument_torch
 from rngaudit.patching import PatchSet
 from rngaudit.recorder import RECORDER, Window
 from rngaudit.report import AuditReport
@@ -45,7 +39,7 @@ ITERATION_HOOKS = (
 )
 
 
-class RunAudit:
+class WholeRun:
     """Records from start-up; concludes an audit at the end of every ``prepare()`` and when
     the first DataLoader iteration begins, then detaches from the hot paths.
 
@@ -120,7 +114,7 @@ class RunAudit:
     def _install_monitor(self, module: Any) -> None:
         if os.getpid() != self.pid or self.monitor is not None or self.worker:
             return
-        from rngaudit.workers import WorkerMonitor
+        from rngaudit.workers.monitor import WorkerMonitor
 
         self.monitor = WorkerMonitor(
             self.session.add_finding, self.settings.mode, min(self.settings.timeout, 30.0)

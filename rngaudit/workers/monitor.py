@@ -18,7 +18,7 @@ from rngaudit.config import MODES
 from rngaudit.errors import ConfigError, RNGAuditWarning, WorkerDuplicateStreamError
 from rngaudit.findings import PERSISTENT_WORKER_STREAM, WORKER_DUPLICATE_STREAM, Finding
 from rngaudit.patching import PatchSet
-from rngaudit.worker_probe import GeneratorRef, WorkerProbe, find_generators, read_reports
+from rngaudit.workers.probe import GeneratorRef, WorkerProbe, find_generators, read_reports
 
 TORCH_DATALOADER = "torch.utils.data.dataloader"
 TORCHDATA_DATALOADER = "torchdata.stateful_dataloader.stateful_dataloader"
