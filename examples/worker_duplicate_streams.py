@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from rngaudit.errors import WorkerDuplicateStreamError
 from rngaudit.findings import Finding
-from rngaudit.workers.monitor import WorkerMonitor
+from rngaudit.workers import WorkerMonitor
 
 NUM_WORKERS = 2
 
