@@ -115,7 +115,7 @@ class EpochGuard:
             if watch in self.open:
                 self.open.remove(watch)
             for loader in loaders:
-                shard = _shard_of_loader(loader)
+                shard = sharding.shard_of(sharding.loader_chain(loader))
                 if shard is not None:
                     self.pending[shard] = watch
                     weakref.finalize(shard, self._dropped)  # never iterated: stop waiting
@@ -242,7 +242,7 @@ class EpochGuard:
             "order": [],
             "draws": [],
         }
-        if sharding._is_distributed_sampler(shard):
+        if sharding.is_distributed_sampler(shard):
             record["sampler_state"] = sharding.distributed_sampler_state(shard)
         else:
             record["order"] = list(state.tape.batches)
@@ -331,11 +331,6 @@ def _split_draws(session: Any) -> list[dict[str, Any]]:
         if any(site.get("function") == "random_split" for site in event.get("chain", [])):
             return [_draw_summary(event)]
     return []
-
-
-def _shard_of_loader(loader: Any) -> Any:
-    root = getattr(loader, "batch_sampler", None) or getattr(loader, "sampler", None)
-    return sharding.shard_of(sharding.chain(root))
 
 
 def _act(found: list[Finding], watch: Watch, record: dict[str, Any]) -> None:

@@ -29,7 +29,7 @@ def _class_name(obj: Any) -> str:
     return type(obj).__name__
 
 
-def _is_distributed_sampler(obj: Any) -> bool:
+def is_distributed_sampler(obj: Any) -> bool:
     dist_mod = sys.modules.get("torch.utils.data.distributed")
     cls = getattr(dist_mod, "DistributedSampler", None)
     return cls is not None and isinstance(obj, cls)
@@ -63,7 +63,7 @@ def shard_of(nodes: list[Any]) -> Any:
         if _is_batch_sampler_shard(node):
             if int(getattr(node, "num_processes", 1) or 1) > 1:
                 return node
-        elif _is_distributed_sampler(node) and int(getattr(node, "num_replicas", 1) or 1) > 1:
+        elif is_distributed_sampler(node) and int(getattr(node, "num_replicas", 1) or 1) > 1:
             return node
     return None
 
@@ -75,17 +75,21 @@ def chain_name(nodes: list[Any]) -> str:
 def is_shuffling(nodes: list[Any]) -> bool:
     """Whether the order is random by design (so an epoch repeating the last is suspicious)."""
     for node in nodes:
-        if _is_distributed_sampler(node):
+        if is_distributed_sampler(node):
             return bool(getattr(node, "shuffle", False))
         if _class_name(node) in SHUFFLING:
             return True
     return False
 
 
+def loader_chain(loader: Any) -> list[Any]:
+    """A DataLoader's batch sampler (or sampler) and the samplers inside it, outermost first."""
+    return chain(getattr(loader, "batch_sampler", None) or getattr(loader, "sampler", None))
+
+
 def loader_is_sharded(loader: Any) -> bool:
     """A DataLoader whose order is split between ranks (or whose dataset is a shard)."""
-    root = getattr(loader, "batch_sampler", None) or getattr(loader, "sampler", None)
-    if shard_of(chain(root)) is not None:
+    if shard_of(loader_chain(loader)) is not None:
         return True
     return _is_iterable_shard(getattr(loader, "dataset", None))
 

@@ -160,8 +160,7 @@ class WholeRun:
             return True
         if not sharding.loader_is_sharded(loader):
             return False
-        root = getattr(loader, "batch_sampler", None) or getattr(loader, "sampler", None)
-        if sharding.is_shuffling(sharding.chain(root)):
+        if sharding.is_shuffling(sharding.loader_chain(loader)):
             return True
         if id(loader) in self._sequential:
             return True
