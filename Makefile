@@ -33,11 +33,12 @@ unit: $(STAMP)
 
 test: lint typecheck unit
 
-# Rewrites the sample reports under tests/data and the golden renderings under tests/golden
-# (read the diff before committing it).
+# Rewrites the sample reports under tests/data (from a real 2-rank run), the golden renderings
+# under tests/golden and the docs' sample blocks (read the diff before committing it).
 goldens: $(STAMP)
 	$(PY) tests/data/make_samples.py
-	RNGAUDIT_UPDATE_GOLDEN=1 $(VENV)/bin/pytest -q -p no:cacheprovider tests/test_render.py
+	RNGAUDIT_UPDATE_GOLDEN=1 $(VENV)/bin/pytest -q -p no:cacheprovider tests/test_render.py \
+		tests/test_samples.py
 
 demo: $(STAMP)
 	$(PY) examples/demo.py

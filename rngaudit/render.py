@@ -45,9 +45,11 @@ def write_json(report: AuditReport, out: TextIO, chunk: int = 1 << 16) -> None:
 
 def render_text(report: AuditReport, *, width: int = WIDTH) -> str:
     """Verdict, findings, then each audit's pre-iteration draws side by side per rank."""
-    lines = [f"rngaudit: {report.verdict.upper()} ({_run_line(report)})"]
+    head = f"rngaudit: {report.verdict.upper()} ({_run_line(report)})"
+    lines = textwrap.wrap(head, width, subsequent_indent=_INDENT, break_on_hyphens=False)
     if len(report.audits) > 1:
-        lines.append("audits: " + ", ".join(_audit_name(a) for a in report.audits))
+        audits = "audits: " + ", ".join(_audit_name(a) for a in report.audits)
+        lines += textwrap.wrap(audits, width, subsequent_indent=_INDENT, break_on_hyphens=False)
     lines.append(_counts(report.findings).capitalize() + ".")
     for finding in report.findings:
         lines += ["", *_text_finding(report, finding, width)]

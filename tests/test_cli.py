@@ -215,7 +215,7 @@ def test_run_clean_exits_0_and_sets_environment(
     }
     err = capsys.readouterr().err
     assert err.splitlines() == [
-        "rngaudit: OK, no findings; run 7f3a9c1e2b4d, world size 2, mode raise",
+        "rngaudit: OK, no findings; run sample-clean, world size 2, mode warn",
         f"rngaudit: full report: rngaudit report {reports}",
     ]
 
@@ -236,14 +236,14 @@ def test_run_error_report_exits_1_with_summary(
     assert run_main("--report-dir", str(reports), "--", *child("divergent", 0, tmp_path / "e")) == 1
     err = capsys.readouterr().err
     lines = err.splitlines()
-    assert lines[0].startswith("rngaudit: ERROR, 2 findings (1 error, 1 warning)")
+    assert lines[0].startswith("rngaudit: ERROR, 3 findings (1 error, 2 warnings)")
     assert lines[1].startswith("rngaudit:   error sampler-draw-divergence: ")
     firsts = [line for line in lines[1:] if line.startswith("rngaudit:   ") and line[12] != " "]
     finding = firsts[1]
     assert finding.startswith("rngaudit:   warning consumption-mismatch: ")
     assert lines[-1] == f"rngaudit: full report: rngaudit report {reports}"
     joined = " ".join(line.removeprefix("rngaudit:").strip() for line in lines)
-    assert "..." not in err and "their shards overlap or miss samples." in joined  # not cut
+    assert "..." not in err and "duplicates some samples and drops others." in joined  # not cut
     assert all(len(line) <= 100 for line in lines[:-1])
 
 

@@ -1,21 +1,22 @@
 """Tests for rngaudit.render: golden files and the text layout's rules.
 
-Regenerate the golden files after an intended change of output with
-``RNGAUDIT_UPDATE_GOLDEN=1 .venv/bin/pytest tests/test_render.py``, then read the diff
-(and copy the new ``divergent.txt`` into the sample in ``docs/cli.md``).
+The samples in tests/data come from a real 2-rank run (tests/data/make_samples.py). Regenerate
+the golden files after an intended change of output with
+``RNGAUDIT_UPDATE_GOLDEN=1 .venv/bin/pytest tests/test_render.py`` (``make goldens`` does both),
+then read the diff and copy the new renderings into the samples in ``docs/cli.md``.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import os
 import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
+from samples import DATA, EXTRA_DRAW, GOLDEN, PREPARE, check_golden
 
 from rngaudit.callsite import format_site, short_path
 from rngaudit.findings import Finding, format_ranks
@@ -30,19 +31,7 @@ from rngaudit.render import (
 from rngaudit.report import AuditReport
 from rngaudit.report_read import load_report_dir
 
-DATA = Path(__file__).parent / "data"
-GOLDEN = Path(__file__).parent / "golden"
-UPDATE = os.environ.get("RNGAUDIT_UPDATE_GOLDEN") == "1"
 RENDERERS = {"txt": render_text, "md": render_markdown, "json": render_json}
-
-
-def check_golden(name: str, actual: str) -> None:
-    path = GOLDEN / name
-    if UPDATE:
-        GOLDEN.mkdir(exist_ok=True)
-        path.write_text(actual, encoding="utf-8")
-    assert path.exists(), f"{path} is missing: run with RNGAUDIT_UPDATE_GOLDEN=1"
-    assert actual == path.read_text(encoding="utf-8")
 
 
 def sample(name: str) -> AuditReport:
@@ -80,6 +69,11 @@ def test_golden(name: str, ext: str) -> None:
     check_golden(f"{name}.{ext}", RENDERERS[ext](sample(name)))
 
 
+def test_summary_golden() -> None:
+    # What `rngaudit run` prints at the end (docs/cli.md shows it).
+    check_golden("divergent.summary.txt", render_summary(sample("divergent")))
+
+
 @pytest.mark.parametrize("name", ["divergent", "clean"])
 def test_rank_files_render_like_report_json(name: str, tmp_path: Path) -> None:
     for rank_file in (DATA / name).glob("rank-*.json"):
@@ -105,32 +99,49 @@ def test_text_fits_width_and_has_no_trailing_space(name: str) -> None:
 
 def test_text_leads_with_verdict_then_findings() -> None:
     lines = render_text(sample("divergent")).splitlines()
-    assert lines[0] == "rngaudit: ERROR (run 7f3a9c1e2b4d, world size 2, mode raise)"
-    assert lines[1] == "2 findings (1 error, 1 warning)."
+    assert lines[0] == "rngaudit: ERROR (run sample-divergent, world size 2, mode warn)"
+    assert lines[1] == "3 findings (1 error, 2 warnings)."
     assert lines[3] == "[error] sampler-draw-divergence"
 
 
 def test_text_finding_fields() -> None:
     text = render_text(sample("divergent"))
-    assert "    generator:  torch.Generator#1 (sampler.generator)\n" in text
-    assert "    drawn at:   torch/utils/data/sampler.py:172 in __iter__\n" in text
-    assert "    user code:  train.py:38 in main\n" in text
-    assert "    ranks:      0, 1\n" in text
-    assert "    remedy:     Rank 0 drew" in text
+    error, mismatch = text.split("\n\n")[1:3]
+    # The sampler's draw: its generator, torch's line, the prepare() call that led there.
+    assert error.startswith("[error] sampler-draw-divergence\n")
+    assert "    generator:  torch.Generator#1 (RandomSampler.generator)\n" in error
+    assert re.search(r"\n    drawn at:   torch/utils/data/sampler\.py:\d+ in __iter__\n", error)
+    assert f"    user code:  sample_run.py:{PREPARE} in main\n" in error
+    assert "    ranks:      0, 1\n" in error
+    assert "    remedy:     Seed every rank identically before prepare()" in error
+    # The unequal draw that split the ranks: rank 0's extra torch.rand, by its line.
+    assert mismatch.startswith("[warning] consumption-mismatch\n")
+    assert "    generator:  torch.default_generator\n" in mismatch
+    assert f"    drawn at:   sample_run.py:{EXTRA_DRAW} in main\n" in mismatch
+    assert "rank 0: x1; rank 1: x0" in " ".join(mismatch.split())
 
 
 def test_text_marks_first_divergence() -> None:
     text = render_text(sample("divergent"))
     marked = [line for line in text.splitlines() if line.startswith(">>")]
-    assert marked[0].startswith(">>   3  torch.default_generator")
+    assert marked[0].startswith(">>   0  torch.default_generator")
     assert marked[-1] == (
-        ">> first divergence at position 3: ranks differ in generator, op, call site or count."
+        ">> first divergence at position 0: ranks differ in generator, op, call site or count."
     )
-    assert "aten.uniform_ x1 fp 5e6f7a8b" in text
+    # Both ranks were seeded alike: rank 0's extra draw and rank 1's first draw start from the
+    # same state, and rank 0's extra draw is shown at its line.
+    first = [rank["events"][0] for rank in sample("divergent").ranks]
+    assert first[0]["op"] == "aten.uniform_" and first[1]["op"] == "aten.random_"
+    assert first[0]["fingerprint"] == first[1]["fingerprint"]
+    assert f"aten.uniform_ x1 fp {first[0]['fingerprint']}" in text
+    assert f"sample_run.py:{EXTRA_DRAW}  " in text
 
 
 def test_text_leaves_out_iteration_events() -> None:
-    assert "aten.bernoulli_" not in render_text(sample("divergent"))
+    dropout = event(1, op="aten.bernoulli_", phase="iteration")
+    text = render_text(report_with([event(0), dropout], [event(0), dropout]))
+    assert "aten.rand x1" in text
+    assert "aten.bernoulli_" not in text
 
 
 def test_clean_text_says_no_divergence() -> None:
@@ -248,8 +259,8 @@ def test_markdown_escapes_pipes_in_cells() -> None:
 
 def test_markdown_marks_first_divergence() -> None:
     md = render_markdown(sample("divergent"))
-    assert "| **>> 3** |" in md
-    assert "**>>** first divergence at position 3" in md
+    assert "| **>> 0** |" in md
+    assert "**>>** first divergence at position 0" in md
 
 
 # Summary and helpers -----------------------------------------------------------------------
@@ -259,19 +270,21 @@ def test_summary_has_verdict_and_each_finding_wrapped_whole() -> None:
     report = sample("divergent")
     lines = render_summary(report).splitlines()
     assert lines[0] == (
-        "rngaudit: ERROR, 2 findings (1 error, 1 warning); "
-        "run 7f3a9c1e2b4d, world size 2, mode raise"
+        "rngaudit: ERROR, 3 findings (1 error, 2 warnings); "
+        "run sample-divergent, world size 2, mode warn"
     )
     assert all(len(line) <= WIDTH for line in lines)
     starts = [i for i, line in enumerate(lines) if not line.startswith("rngaudit:     ")][1:]
-    assert len(starts) == 2
+    assert len(starts) == 3
     for finding, start, stop in zip(
         report.findings, starts, [*starts[1:], len(lines)], strict=True
     ):
         text = " ".join(line.removeprefix("rngaudit:").strip() for line in lines[start:stop])
-        assert text == f"{finding.severity} {finding.kind}: {finding.message}"  # nothing cut
-    assert lines[starts[0]].startswith("rngaudit:   error sampler-draw-divergence: Ranks 0 and 1")
-    assert lines[starts[1]].startswith("rngaudit:   warning consumption-mismatch: Rank 0 made")
+        whole = f"{finding.severity} {finding.kind}: {finding.message}"
+        assert text == " ".join(whole.split())  # nothing cut (messages' line breaks are wrapped)
+    assert lines[starts[0]].startswith("rngaudit:   error sampler-draw-divergence: Sampler ")
+    assert lines[starts[1]].startswith("rngaudit:   warning consumption-mismatch: Ranks drew")
+    assert lines[starts[2]].startswith("rngaudit:   warning state-divergence: torch.default_")
 
 
 HTMLISH = Finding(
@@ -303,7 +316,7 @@ def test_markdown_escapes_html_and_emphasis() -> None:
 
 def test_summary_of_clean_report() -> None:
     assert render_summary(sample("clean")) == (
-        "rngaudit: OK, no findings; run 7f3a9c1e2b4d, world size 2, mode raise\n"
+        "rngaudit: OK, no findings; run sample-clean, world size 2, mode warn\n"
     )
 
 
@@ -346,14 +359,6 @@ def test_format_site() -> None:
 )
 def test_format_ranks(ranks: list[int], text: str) -> None:
     assert format_ranks(ranks) == text
-
-
-def test_docs_sample_is_the_golden_text() -> None:
-    docs = (Path(__file__).parent.parent / "docs" / "cli.md").read_text(encoding="utf-8")
-    marker = "<!-- sample: tests/golden/divergent.txt -->\n```text\n"
-    start = docs.index(marker) + len(marker)
-    sample = docs[start : docs.index("```\n", start)]
-    assert sample == (GOLDEN / "divergent.txt").read_text(encoding="utf-8")
 
 
 def test_loaders_section_lists_each_loader_and_its_early_draw_per_rank() -> None:

@@ -8,12 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from samples import AUDIT, DATA
 
 from rngaudit.errors import ReportError
 from rngaudit.findings import RANK_MISSING
 from rngaudit.report_read import find_report_files, load_report_dir
-
-DATA = Path(__file__).parent / "data"
 
 
 def rank_doc(
@@ -63,15 +62,17 @@ def load_error(path: Path) -> str:
 
 def test_loads_report_json() -> None:
     report = load_report_dir(DATA / "divergent")
-    assert report.run_id == "7f3a9c1e2b4d"
+    assert report.run_id == "sample-divergent"
     assert report.world_size == 2
     assert report.verdict == "error"
     assert [f.kind for f in report.findings] == [
         "sampler-draw-divergence",
         "consumption-mismatch",
+        "state-divergence",
     ]
     assert [r["rank"] for r in report.ranks] == [0, 1]
-    assert report.audits == [{"index": 0, "label": "epoch 0", "verdict": "error"}]
+    label = f"audit at sample_run.py:{AUDIT} in main"
+    assert report.audits == [{"index": 0, "label": label, "verdict": "error"}]
 
 
 def test_loads_clean_report() -> None:
@@ -92,8 +93,10 @@ def test_merging_rank_files_gives_the_merged_report(sample: str, tmp_path: Path)
 
 
 def test_merge_deduplicates_findings(tmp_path: Path) -> None:
+    both = [json.loads((DATA / "divergent" / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    assert both[0]["findings"] == both[1]["findings"] != []  # each rank wrote every finding
     report = load_report_dir(copy_rank_files("divergent", tmp_path))
-    assert len(report.findings) == 2
+    assert len(report.findings) == len(both[0]["findings"]) == 3
 
 
 def test_merge_keeps_findings_seen_by_one_rank_only(tmp_path: Path) -> None:
@@ -356,7 +359,7 @@ def test_stale_rank_file_next_to_report_json(tmp_path: Path) -> None:
     shutil.copytree(DATA / "clean", tmp_path / "r")
     write(tmp_path / "r", "rank-1.json", rank_doc(1, run_id="old-run"))
     message = load_error(tmp_path / "r")
-    assert "report.json is from run '7f3a9c1e2b4d'" in message
+    assert "report.json is from run 'sample-clean'" in message
     assert "rank-1.json is from run 'old-run'" in message
 
 

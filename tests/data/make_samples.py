@@ -1,11 +1,23 @@
-"""Writes the sample report directories under tests/data (run it after a schema change).
+"""Writes tests/data/{divergent,clean} from a real 2-rank run of sample_run.py, scrubbed.
 
-``divergent``: 2 ranks seeded alike by ``accelerate.utils.set_seed(42)``; rank 0 then makes one
-extra ``torch.rand`` before ``accelerator.prepare()``, so the sampler generator that prepare()
-seeds from the global RNG differs across ranks. ``clean``: the same run without the extra draw.
-Each directory holds ``rank-0.json``, ``rank-1.json`` and the merged ``report.json``.
-The events are built by hand in the producer's shapes (``rngaudit.records.Event``, checked by
-mypy): they are not yet captured from a real 2-rank run. ``make goldens`` runs both steps:
+Each case is one ``python -m torch.distributed.run --standalone --nproc_per_node=2`` launch of
+``tests/data/sample_run.py`` (gloo on CPU, accelerate's stateful loader with 2 workers, both
+ranks ``set_seed(42)``, ``rngaudit.audit(mode="warn")`` around the loader set-up). ``divergent``:
+rank 0 makes one extra ``torch.rand(1)`` before ``accelerator.prepare()``; ``clean``: it does
+not. The report directory the run writes (``rank-0.json``, ``rank-1.json``, ``report.json``) is
+copied here with what differs from one launch or machine to the next replaced by placeholders:
+
+- paths: a ``.../site-packages/`` prefix becomes ``/venv/site-packages/``, this checkout
+  ``/repo``, the Python installation ``/python``, the run's report directory ``/reports``;
+- ``run_id`` (random per launch) becomes ``sample-<case>``;
+- ``pid`` (record and events) becomes 1000 + rank for each rank's process, in order of first
+  appearance; ``host`` becomes ``host``;
+- the environment's ``python`` version keeps major.minor only (Python is not pinned; torch,
+  numpy, accelerate and torchdata are, so their versions stay).
+
+Nothing else varies: fingerprints and digests are functions of seed 42. The files are indented
+(the producer writes one line) so that a regeneration reads as a diff. Running this twice gives
+byte-identical files. ``make goldens`` runs it, then rewrites tests/golden:
 
     .venv/bin/python tests/data/make_samples.py
     RNGAUDIT_UPDATE_GOLDEN=1 .venv/bin/pytest tests/test_render.py
@@ -14,210 +26,150 @@ mypy): they are not yet captured from a real 2-rank run. ``make goldens`` runs b
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
-from rngaudit.events import ITERATION, PRE_ITERATION
-from rngaudit.records import CallSiteDict, Event, SamplerDict
-from rngaudit.report_read import load_report_dir
-
-HERE = Path(__file__).parent
-SP = "/opt/venv/lib/python3.11/site-packages/"
-USER = "/home/alice/proj/train.py"
-RUN_ID = "7f3a9c1e2b4d"
-SAMPLER = "torch.Generator#1 (sampler.generator)"
-GLOBAL = "torch.default_generator"
-
-
-def site(file: str, line: int, function: str) -> CallSiteDict:
-    return {"file": file, "line": line, "function": function}
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+SCENARIO = HERE / "sample_run.py"
+CASES = ("divergent", "clean")
+FILES = ("rank-0.json", "rank-1.json", "report.json")
+WORLD_SIZE = 2
+TIMEOUT_S = 300
+PID_BASE = 1000
+HOST = "host"
+SITE_PACKAGES = re.compile(r"(?:[A-Za-z]:)?[^\s\"'()]*?[/\\](?:site|dist)-packages[/\\]")
+# Variables that would change what the run draws or records, whatever the caller set.
+DROPPED = ("PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG", "RNGAUDIT_REPORT_DIR", "RNGAUDIT_TIMEOUT")
 
 
-def event(
-    generator: str,
-    op: str,
-    kind: str,
-    chain: list[CallSiteDict],
-    user: CallSiteDict,
-    fingerprint: str | None,
-    *,
-    sampler: SamplerDict | None = None,
-    count: int = 1,
-    phase: str = PRE_ITERATION,
-) -> Event:
-    return {
-        "seq": 0,
-        "audit": 0,
-        "generator": generator,
-        "op": op,
-        "kind": kind,
-        "call_site": chain[0],
-        "chain": chain,
-        "user_call_site": user,
-        "count": count,
-        "fingerprint": fingerprint,
-        "thread": "MainThread",
-        "pid": 0,
-        "phase": phase,
-        "sampler": sampler,
-    }
+class SampleError(Exception):
+    """The run failed, or its files still hold something that varies."""
 
 
-def record(rank: int, extra_draw: bool) -> dict[str, Any]:
-    user_seed, user_prep = site(USER, 28, "main"), site(USER, 38, "main")
-    seed_chain = [site(SP + "accelerate/utils/random.py", 53, "set_seed"), user_seed]
-    prep = site(SP + "accelerate/data_loader.py", 1240, "prepare_data_loader")
-    base = site(SP + "torch/utils/data/dataloader.py", 690, "__init__")
-    draw = site(SP + "torch/utils/data/sampler.py", 172, "__iter__")
-    state_dict = site(
-        SP + "torchdata/stateful_dataloader/stateful_dataloader.py", 415, "state_dict"
-    )
-    events = [
-        event("random (global)", "random.seed", "seed", seed_chain, user_seed, None),
-        event(
-            "numpy.random (global)",
-            "numpy.random.seed",
-            "seed",
-            [site(SP + "accelerate/utils/random.py", 54, "set_seed"), user_seed],
-            user_seed,
-            None,
-        ),
-        event(
-            GLOBAL,
-            "torch.manual_seed",
-            "seed",
-            [site(SP + "accelerate/utils/random.py", 55, "set_seed"), user_seed],
-            user_seed,
-            None,
-        ),
-    ]
-    # After set_seed(42) every rank's global torch state is the same.
-    states = ["5e6f7a8b", "a1b2c3d4"]  # fingerprints are crc32s: 8 hex digits
-    sampler_state = "3b4c5d6e"
-    if extra_draw:
-        rand = site(USER, 35, "main")
-        events.append(event(GLOBAL, "aten.uniform_", "draw", [rand], rand, states[0]))
-        states = ["a1b2c3d4", "d4c3b2a1"]
-        sampler_state = "f0e1d2c3"
-    accelerator_prepare = site(SP + "accelerate/accelerator.py", 2412, "prepare")
-    adapter_init = site(SP + "accelerate/data_loader.py", 437, "__init__")
-    reset = site(SP + "torch/utils/data/dataloader.py", 1276, "_reset")
-    forward = site("/home/alice/proj/model.py", 61, "forward")
-    events += [
-        event(
-            GLOBAL,
-            "aten.random_",
-            "draw",
-            [prep, accelerator_prepare, user_prep],
-            user_prep,
-            states[0],
-        ),
-        event(
-            GLOBAL,
-            "aten.random_",
-            "draw",
-            [base, state_dict, adapter_init, user_prep],
-            user_prep,
-            states[1],
-        ),
-        event(
-            SAMPLER,
-            "aten.randperm",
-            "draw",
-            [draw, reset, user_prep],
-            user_prep,
-            sampler_state,
-            sampler={
-                "chain": "BatchSamplerShard > BatchSampler > RandomSampler",
-                "loader": "train_loader",
-                "output_digest": "77e1c0de" + sampler_state,
-            },
-        ),
-        event(
-            GLOBAL,
-            "aten.bernoulli_",
-            "draw",
-            [site(SP + "torch/nn/functional.py", 1425, "dropout"), forward],
-            forward,
-            "c0ffee00",
-            count=240,
-            phase=ITERATION,
-        ),
-    ]
-    pid = 4101 + rank
-    for seq, item in enumerate(events):
-        item["seq"], item["pid"] = seq, pid
-    exit_state = "3333cccc" if extra_draw else "5555eeee"
-    return {
-        "rank": rank,
-        "pid": pid,
-        "host": "node-a",
-        "events": events,
-        "states": {"entry": {GLOBAL: "1111aaaa"}, "exit": {GLOBAL: exit_state}},
-    }
+def run_id(case: str) -> str:
+    return f"sample-{case}"
 
 
-FINDINGS = [
-    {
-        "kind": "sampler-draw-divergence",
-        "severity": "error",
-        "message": (
-            "Ranks 0 and 1 drew sampler indices (RandomSampler via BatchSamplerShard, loader "
-            f"'train_loader') from different states of {SAMPLER} before the first batch: their "
-            "shards overlap or miss samples."
-        ),
-        "ranks": [0, 1],
-        "audit": 0,
-        "generator": SAMPLER,
-        "call_site": site(SP + "torch/utils/data/sampler.py", 172, "__iter__"),
-        "user_call_site": site(USER, 38, "main"),
-        "remedy": (
-            f"Rank 0 drew from {GLOBAL} before accelerator.prepare() (aten.uniform_ at train.py:35 "
-            "in main). Make that draw on every rank, move it after the first batch, or give it "
-            "a private torch.Generator."
-        ),
-        "details": {"first_divergent_seq": 3, "loader": "train_loader"},
-    },
-    {
-        "kind": "consumption-mismatch",
-        "severity": "warning",
-        "message": (
-            "Rank 0 made 4 draws before the first batch, rank 1 made 3: the extra one is "
-            f"aten.uniform_ from {GLOBAL}."
-        ),
-        "ranks": [0],
-        "audit": 0,
-        "generator": GLOBAL,
-        "call_site": site(USER, 35, "main"),
-        "user_call_site": site(USER, 35, "main"),
-        "remedy": "Draw rank-specific randomness from a private torch.Generator.",
-    },
-]
+def launch(case: str, report_dir: Path) -> None:
+    """Run the scenario on 2 ranks; its report files land in ``report_dir``."""
+    env = {k: v for k, v in os.environ.items() if k not in DROPPED and k != "RNGAUDIT"}
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        f"--nproc_per_node={WORLD_SIZE}", str(SCENARIO), case, str(report_dir),
+    ]  # fmt: skip
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=env, text=True, timeout=TIMEOUT_S,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False,
+    )  # fmt: skip
+    missing = [name for name in FILES if not (report_dir / name).is_file()]
+    if proc.returncode != 0 or missing:
+        raise SampleError(
+            f"{case}: the run exited {proc.returncode}, missing {missing}:\n{proc.stdout[-4000:]}"
+        )
 
 
-def write_sample(name: str, divergent: bool) -> None:
-    directory = HERE / name
-    shutil.rmtree(directory, ignore_errors=True)
-    directory.mkdir(parents=True)
-    verdict = "error" if divergent else "ok"
-    for rank in (0, 1):
-        doc = {
-            "schema_version": 1,
-            "run_id": RUN_ID,
-            "world_size": 2,
-            "rank": rank,
-            "mode": "raise",
-            "verdict": verdict,
-            "audits": [{"index": 0, "label": "epoch 0", "verdict": verdict}],
-            "findings": FINDINGS if divergent else [],
-            "record": record(rank, extra_draw=divergent and rank == 0),
+class Scrubber:
+    """Replaces what varies between launches in one case's files, the same way in each file."""
+
+    def __init__(self, case: str, report_dir: Path, merged: dict[str, Any]) -> None:
+        self.run_id = run_id(case)
+        # Longest first: a prefix inside another (the venv inside the checkout) goes first.
+        prefixes = {
+            str(report_dir): "/reports",
+            os.path.realpath(report_dir): "/reports",
+            str(ROOT): "/repo",
+            sys.prefix: "/python",
+            sys.exec_prefix: "/python",
+            sys.base_prefix: "/python",
+            os.path.realpath(sys.base_prefix): "/python",
         }
-        (directory / f"rank-{rank}.json").write_text(json.dumps(doc, indent=2) + "\n")
-    merged = load_report_dir(directory).to_dict()
-    (directory / "report.json").write_text(json.dumps(merged, indent=2) + "\n")
+        self.prefixes = sorted(
+            ((p, r) for p, r in prefixes.items() if len(p) > 1), key=lambda pr: -len(pr[0])
+        )
+        # Each rank's process, numbered by rank; other processes (DataLoader workers) after.
+        self.pids: dict[int, int] = {}
+        for record in merged["ranks"]:
+            self.pids.setdefault(record["pid"], PID_BASE + record["rank"])
+        for record in merged["ranks"]:
+            for event in record["events"]:
+                self.pids.setdefault(event["pid"], PID_BASE + WORLD_SIZE + len(self.pids))
+
+    def string(self, text: str) -> str:
+        text = SITE_PACKAGES.sub("/venv/site-packages/", text)
+        for prefix, placeholder in self.prefixes:
+            text = re.sub(re.escape(prefix) + r"(?=[/\\]|$)", placeholder, text)
+        return text
+
+    def value(self, value: Any, key: str | None = None) -> Any:
+        if isinstance(value, dict):
+            return {k: self.field(k, v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.value(v) for v in value]
+        if isinstance(value, str):
+            return self.string(value)
+        return value
+
+    def field(self, key: str, value: Any) -> Any:
+        if key == "run_id" and isinstance(value, str):
+            return self.run_id
+        if key == "pid" and isinstance(value, int):
+            return self.pids[value]
+        if key == "host" and isinstance(value, str):
+            return HOST
+        if key == "environment" and isinstance(value, dict) and "python" in value:
+            major_minor = ".".join(str(value["python"]).split(".")[:2])
+            return {**self.value(value), "python": major_minor}
+        return self.value(value)
+
+
+def leftovers(text: str, originals: list[str]) -> list[str]:
+    """The varying strings still present in a scrubbed file."""
+    return [s for s in originals if s and s in text]
+
+
+def capture(case: str) -> dict[str, str]:
+    """One launch of ``case``: file name -> scrubbed JSON text."""
+    with tempfile.TemporaryDirectory(prefix="rngaudit-sample-") as tmp:
+        report_dir = Path(tmp) / "report"
+        launch(case, report_dir)
+        docs = {name: json.loads((report_dir / name).read_text()) for name in FILES}
+        scrubber = Scrubber(case, report_dir, docs["report.json"])
+        texts = {
+            name: json.dumps(scrubber.field("", doc), indent=2) + "\n" for name, doc in docs.items()
+        }
+        originals = [tmp, str(ROOT), docs["report.json"]["run_id"]]
+        originals += [f'"pid": {pid},' for pid in scrubber.pids]
+        for name, text in texts.items():
+            found = leftovers(text, originals)
+            if found:
+                raise SampleError(f"{case}/{name}: not scrubbed: {found}")
+        return texts
+
+
+def main() -> int:
+    captured = {case: capture(case) for case in CASES}  # both runs first: write all or nothing
+    for case, texts in captured.items():
+        directory = HERE / case
+        shutil.rmtree(directory, ignore_errors=True)
+        directory.mkdir()
+        for name, text in texts.items():
+            (directory / name).write_text(text, encoding="utf-8")
+        print(f"wrote {directory.relative_to(ROOT)}/{{{','.join(FILES)}}}")
+    return 0
 
 
 if __name__ == "__main__":
-    write_sample("divergent", divergent=True)
-    write_sample("clean", divergent=False)
+    try:
+        sys.exit(main())
+    except (SampleError, subprocess.TimeoutExpired) as exc:
+        print(f"make_samples: {exc}", file=sys.stderr)
+        sys.exit(1)
