@@ -7,7 +7,7 @@ import re
 import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import TextIO
 
 from rngaudit.callsite import format_site
 from rngaudit.events import DRAW, PRE_ITERATION
@@ -182,7 +182,7 @@ def _finding_fields(finding: Finding) -> list[tuple[str, str]]:
     return [(label, value) for label, value in fields if value]
 
 
-def _scalar(value: Any) -> str:
+def _scalar(value: object) -> str:
     return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
 
 

@@ -22,21 +22,36 @@ _RANK_PREFIX, _RANK_SUFFIX = RANK_FILE.split("{rank}")
 MAX_DEPTH = 32  # report files nest 6 levels; deeper input is not a report (nor safe to walk)
 MAX_WORLD_SIZE = 1 << 20  # ranks; a larger world_size is a corrupt or hostile file
 
+_Shape = tuple[type, tuple[str, ...]]
+_JSONTypes = tuple[type, ...]
+
+
+def _as_declared(typed_dict: type) -> _Shape:
+    """A shape whose required fields are the TypedDict's own: neither ``NotRequired`` nor of
+    a ``total=False`` class. (``__required_keys__`` alone misses a ``NotRequired`` written in
+    a postponed annotation before Python 3.12.)"""
+    total: frozenset[str] = getattr(typed_dict, "__required_keys__", frozenset())
+    hints = typing.get_type_hints(typed_dict, include_extras=True)
+    return typed_dict, tuple(
+        name
+        for name, hint in hints.items()
+        if name in total and typing.get_origin(hint) is not typing.NotRequired
+    )
+
+
 # What each shape needs: its TypedDict in rngaudit.records (the types of its fields) and the
 # fields a file must have. Every other field may be absent or null; the type of every field
-# present is checked against the TypedDict's annotation.
-_REPORT = (records.ReportDict, ("run_id", "world_size", "findings", "ranks"))
-_RANK_FILE = (records.RankFileDict, ("run_id", "world_size", "rank", "findings", "record"))
+# present is checked against the TypedDict's annotation. The records' fields are all written
+# by the producer, but a file needs only ``rank`` and ``events`` of them (see records.py).
+_REPORT = _as_declared(records.ReportDict)
+_RANK_FILE = _as_declared(records.RankFileDict)
+_FINDING = _as_declared(records.FindingDict)
+_AUDIT = _as_declared(records.AuditDict)
 _RECORD = (records.RankRecord, ("rank", "events"))
 _EVENT = (records.Event, ())
 _SITE = (records.CallSiteDict, ())
 _SAMPLER = (records.SamplerDict, ())
 _LOADER = (records.Loader, ())
-_FINDING = (records.FindingDict, ("kind", "severity", "message"))
-_AUDIT = (records.AuditDict, ("index",))
-
-_Shape = tuple[type, tuple[str, ...]]
-_JSONTypes = tuple[type, ...]
 
 
 def _json_types(annotation: Any) -> _JSONTypes:

@@ -242,6 +242,16 @@ def test_report_json_missing_fields(tmp_path: Path) -> None:
     assert "missing required fields 'world_size', 'ranks'" in message
 
 
+def test_fields_the_schema_marks_not_required_may_be_absent(tmp_path: Path) -> None:
+    """NotRequired in records.ReportDict / FindingDict / AuditDict: a file may lack them."""
+    finding = {"kind": "k", "severity": "info", "message": "m"}
+    doc = {"schema_version": 1, "run_id": "x", "world_size": 1, "findings": [finding]}
+    write(tmp_path, "report.json", {**doc, "ranks": [{"rank": 0, "events": []}]})
+    report = load_report_dir(tmp_path)
+    assert (report.mode, report.audits, report.verdict) == ("raise", [], "ok")
+    assert (report.findings[0].ranks, report.findings[0].audit) == ([], 0)
+
+
 def test_rank_file_missing_fields(tmp_path: Path) -> None:
     doc = rank_doc(0)
     del doc["record"]
