@@ -5,14 +5,15 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, TypeVar
 
 from rngaudit import config, naming, run_kind
 from rngaudit import findings as fk
 from rngaudit.callsite import format_site
 from rngaudit.events import DRAW, PRE_ITERATION, SEED
 from rngaudit.findings import Finding, format_ranks
+from rngaudit.records import CallSiteDict, Event, RankRecord, SamplerDict
 
 UNSEEN = "<not loaded>"  # a generator absent at entry and never drawn from
 
@@ -78,7 +79,7 @@ def _state_remedy(kind: str) -> str:
     )
 
 
-def _framework(records: list[dict[str, Any]]) -> str:
+def _framework(records: list[RankRecord]) -> str:
     """The run's framework as the lowest rank recorded it (every rank picks the same)."""
     for record in sorted(records, key=lambda r: int(r["rank"])):
         kind = record.get("framework")
@@ -87,17 +88,13 @@ def _framework(records: list[dict[str, Any]]) -> str:
     return run_kind.ACCELERATE  # records written before the field existed
 
 
-def _site(cs: dict[str, Any] | None) -> str:
+def _site(cs: CallSiteDict | None) -> str:
     return format_site(cs) or "<unknown>"
 
 
-def _family(generator: str) -> str:
-    return naming.family(generator)
-
-
-def _groups(values: dict[int, Any]) -> str:
+def _groups(values: Mapping[int, object]) -> str:
     """``rank 0: a; ranks 1-7: b``: ranks grouped by value."""
-    by_value: dict[Any, list[int]] = {}
+    by_value: dict[object, list[int]] = {}
     for rank, value in sorted(values.items()):
         by_value.setdefault(value, []).append(rank)
     parts = []
@@ -107,7 +104,7 @@ def _groups(values: dict[int, Any]) -> str:
     return "; ".join(parts)
 
 
-def signature(record: Mapping[str, Any]) -> str:
+def signature(record: RankRecord) -> str:
     """A digest of everything the rules compare in a rank record.
 
     Each rank computes its own before the exchange; ranks with equal signatures are compared
@@ -117,9 +114,7 @@ def signature(record: Mapping[str, Any]) -> str:
         (
             e.get("generator"), e.get("op"), e.get("kind"), e.get("phase"),
             e.get("count"), e.get("fingerprint"), e.get("sampler"),
-            (e.get("call_site") or {}).get("file"), (e.get("call_site") or {}).get("line"),
-            (e.get("user_call_site") or {}).get("file"),
-            (e.get("user_call_site") or {}).get("line"),
+            *_file_line(e.get("call_site")), *_file_line(e.get("user_call_site")),
         )
         for e in sorted(record.get("events", []), key=lambda e: int(e.get("seq", 0)))
     ]  # fmt: skip
@@ -133,11 +128,18 @@ def signature(record: Mapping[str, Any]) -> str:
     return hashlib.blake2b(data, digest_size=12).hexdigest()
 
 
+_V = TypeVar("_V")
+
+
+def _file_line(site: CallSiteDict | None) -> tuple[str | None, int | None]:
+    return (site.get("file"), site.get("line")) if site else (None, None)
+
+
 class _Groups:
     """Ranks with equal records, each represented by its lowest rank."""
 
-    def __init__(self, records: list[dict[str, Any]]) -> None:
-        by_sig: dict[str, list[dict[str, Any]]] = {}
+    def __init__(self, records: list[RankRecord]) -> None:
+        by_sig: dict[str, list[RankRecord]] = {}
         for r in records:
             by_sig.setdefault(str(r.get("signature") or signature(r)), []).append(r)
         self.representatives = [group[0] for group in by_sig.values()]
@@ -146,15 +148,15 @@ class _Groups:
             for group in by_sig.values()
         }
 
-    def expand(self, values: dict[int, Any]) -> dict[int, Any]:
+    def expand(self, values: Mapping[int, _V]) -> dict[int, _V]:
         """Per-representative values, per rank."""
         return {m: v for rep, v in values.items() for m in self.members.get(rep, [rep])}
 
-    def ranks(self, reps: Any) -> list[int]:
+    def ranks(self, reps: Iterable[int]) -> list[int]:
         return sorted(m for rep in reps for m in self.members.get(rep, [rep]))
 
 
-def _pre_iteration(record: dict[str, Any], audit: int) -> list[dict[str, Any]]:
+def _pre_iteration(record: RankRecord, audit: int) -> list[Event]:
     # each rank numbers its own audits: a record says which of its audits it is
     audit = int(record.get("audit_index", audit))
     events = [
@@ -165,7 +167,7 @@ def _pre_iteration(record: dict[str, Any], audit: int) -> list[dict[str, Any]]:
     return sorted(events, key=lambda e: int(e.get("seq", 0)))
 
 
-def _entry_state(record: dict[str, Any], generator: str) -> Any:
+def _entry_state(record: RankRecord, generator: str) -> str | None:
     """The generator's state when the audit began, or else when it was first used."""
     entry = record.get("states", {}).get("entry", {})
     if generator in entry:
@@ -176,15 +178,15 @@ def _entry_state(record: dict[str, Any], generator: str) -> Any:
     return UNSEEN
 
 
-def _entry_differs(records: list[dict[str, Any]], generator: str) -> bool:
+def _entry_differs(records: list[RankRecord], generator: str) -> bool:
     return len({_entry_state(r, generator) for r in records}) > 1
 
 
-def _unseen_at_entry(records: list[dict[str, Any]], generator: str) -> bool:
+def _unseen_at_entry(records: list[RankRecord], generator: str) -> bool:
     return any(_entry_state(r, generator) is UNSEEN for r in records)
 
 
-def _origin(records: list[dict[str, Any]], groups: _Groups) -> list[str]:
+def _origin(records: list[RankRecord], groups: _Groups) -> list[str]:
     """Why the global torch RNG differed, as far as the records tell."""
     seeds = {int(r["rank"]): r.get("initial_seeds", {}).get(naming.TORCH_DEFAULT) for r in records}
     if None not in seeds.values() and len(set(seeds.values())) > 1:
@@ -313,7 +315,7 @@ def _who(ranks: list[int]) -> str:
 
 
 def compare(
-    records: list[dict[str, Any]],
+    records: list[RankRecord],
     world_size: int,
     missing: list[int],
     audit: int = 0,
@@ -357,11 +359,13 @@ def compare(
 
 
 def _sampler_divergence(
-    records: list[dict[str, Any]], audit: int, mismatch: Finding | None, groups: _Groups
+    records: list[RankRecord], audit: int, mismatch: Finding | None, groups: _Groups
 ) -> list[Finding]:
     per_rank = {
         int(r["rank"]): [
-            e for e in _pre_iteration(r, audit) if e.get("sampler") and e["kind"] == DRAW
+            (e, sampler)
+            for e in _pre_iteration(r, audit)
+            if (sampler := e.get("sampler")) and e["kind"] == DRAW
         ]
         for r in records
     }
@@ -370,31 +374,32 @@ def _sampler_divergence(
     reported: set[tuple[str, str | None]] = set()
     for k in range(longest):
         at_k = {rank: events[k] for rank, events in per_rank.items() if k < len(events)}
-        first = next(iter(at_k.values()))
-        sampler = first["sampler"]
+        first, sampler = next(iter(at_k.values()))
         loader_key = (str(sampler.get("chain")), sampler.get("loader"))
         if loader_key in reported:
             continue
-        fps = {rank: e.get("fingerprint") for rank, e in at_k.items()}
-        outputs = {rank: (e.get("sampler") or {}).get("output_digest") for rank, e in at_k.items()}
+        fps = {rank: e.get("fingerprint") for rank, (e, _) in at_k.items()}
+        outputs = {rank: s.get("output_digest") for rank, (_, s) in at_k.items()}
         if len(set(fps.values())) <= 1 and len(set(outputs.values())) <= 1:
             continue
         reported.add(loader_key)
         fps, outputs = groups.expand(fps), groups.expand(outputs)
-        out.append(_sampler_finding(records, audit, first, fps, outputs, mismatch, groups))
+        out.append(
+            _sampler_finding(records, audit, first, sampler, fps, outputs, mismatch, groups)
+        )
     return out
 
 
 def _sampler_finding(
-    records: list[dict[str, Any]],
+    records: list[RankRecord],
     audit: int,
-    event: dict[str, Any],
-    fps: dict[int, Any],
-    outputs: dict[int, Any],
+    event: Event,
+    sampler: SamplerDict,
+    fps: dict[int, str | None],
+    outputs: dict[int, str | None],
     mismatch: Finding | None,
     groups: _Groups,
 ) -> Finding:
-    sampler = event["sampler"]
     generator = str(event["generator"])
     loader = sampler.get("loader") or "a DataLoader"
     user = event.get("user_call_site")
@@ -440,16 +445,17 @@ def _sampler_finding(
     )
 
 
-def _consumption_key(e: dict[str, Any]) -> tuple[str, str, str, int]:
-    cs = e.get("call_site") or {}
-    return (_family(str(e["generator"])), str(e["op"]), str(cs.get("file")), int(cs.get("line", 0)))
+def _consumption_key(e: Event) -> tuple[str, str, str, int]:
+    cs = e.get("call_site")
+    file, line = (cs.get("file"), cs.get("line", 0)) if cs else (None, 0)
+    return (naming.family(str(e["generator"])), str(e["op"]), str(file), int(line))
 
 
 def _consumption_mismatch(
-    records: list[dict[str, Any]], audit: int, groups: _Groups
+    records: list[RankRecord], audit: int, groups: _Groups
 ) -> Finding | None:
     counts: dict[int, Counter[tuple[str, str, str, int]]] = {}
-    first_seen: dict[tuple[str, str, str, int], tuple[int, dict[str, Any]]] = {}
+    first_seen: dict[tuple[str, str, str, int], tuple[int, Event]] = {}
     for r in records:
         rank = int(r["rank"])
         counter: Counter[tuple[str, str, str, int]] = Counter()
@@ -475,9 +481,8 @@ def _consumption_mismatch(
         where = _site(e.get("call_site"))
         user = e.get("user_call_site")
         via = f" (from {_site(user)})" if user and user != e.get("call_site") else ""
-        descriptions.append(
-            f"{e['op']} on {_family(str(e['generator']))} at {where}{via}: {_groups(per_rank)}"
-        )
+        family = naming.family(str(e["generator"]))
+        descriptions.append(f"{e['op']} on {family} at {where}{via}: {_groups(per_rank)}")
     first_event = first_seen[differing[0]][1]
     more = f" (and {len(differing) - 3} more)" if len(differing) > 3 else ""
     return Finding(
@@ -498,7 +503,7 @@ def _consumption_mismatch(
 
 
 def _state_divergence(
-    records: list[dict[str, Any]], audit: int, consumption_differs: bool, groups: _Groups
+    records: list[RankRecord], audit: int, consumption_differs: bool, groups: _Groups
 ) -> list[Finding]:
     exits = [r.get("states", {}).get("exit", {}) for r in records]
     names = sorted(set.intersection(*(set(s) for s in exits))) if exits else []

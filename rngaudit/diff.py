@@ -11,6 +11,7 @@ from typing import Any
 from rngaudit.callsite import format_site
 from rngaudit.events import DRAW
 from rngaudit.findings import format_ranks
+from rngaudit.records import Event, Loader, RankRecord
 from rngaudit.report import AuditReport
 from rngaudit.report_read import load_report_dir
 
@@ -32,8 +33,6 @@ REASONS = {
     DIFFERENT_STATE: "same draw, different generator state (fingerprint)",
     DIFFERENT_COUNT: "same draw, made a different number of times",
 }
-
-Event = dict[str, Any]
 
 
 @dataclass
@@ -176,18 +175,21 @@ def diff_reports(a: AuditReport, b: AuditReport, path_a: str = "A", path_b: str 
 
 
 def _environment(
-    a: AuditReport, b: AuditReport, records_a: dict[int, Any], records_b: dict[int, Any]
+    a: AuditReport,
+    b: AuditReport,
+    records_a: dict[int, RankRecord],
+    records_b: dict[int, RankRecord],
 ) -> list[Difference]:
     found = []
     if a.world_size != b.world_size:
         found.append(Difference("world size", str(a.world_size), str(b.world_size)))
     fields = _env_fields(records_a) | _env_fields(records_b)
     for name in sorted(fields, key=_field_order):
-        found += _per_rank(name, records_a, records_b, lambda r, n=name: _env_value(r, n))
+        found += _per_rank(name, records_a, records_b)
     return found
 
 
-def _env_fields(records: dict[int, Any]) -> set[str]:
+def _env_fields(records: dict[int, RankRecord]) -> set[str]:
     names: set[str] = set()
     for record in records.values():
         env = record.get("environment")
@@ -207,7 +209,7 @@ def _field_order(name: str) -> tuple[int, str]:
     return (order.index(head) if head in order else len(order), name)
 
 
-def _env_value(record: dict[str, Any], name: str) -> str | None:
+def _env_value(record: RankRecord, name: str) -> str | None:
     env = record.get("environment")
     if not isinstance(env, dict):
         return None
@@ -229,9 +231,8 @@ def _env_label(name: str) -> str:
 
 def _per_rank(
     name: str,
-    records_a: dict[int, Any],
-    records_b: dict[int, Any],
-    value: Any,
+    records_a: dict[int, RankRecord],
+    records_b: dict[int, RankRecord],
 ) -> list[Difference]:
     """Differences of one setting, ranks with the same pair of values grouped; only ranks
     recorded in both runs and with an environment in both are compared."""
@@ -240,7 +241,7 @@ def _per_rank(
         ra, rb = records_a[rank], records_b[rank]
         if not all(isinstance(r.get("environment"), dict) for r in (ra, rb)):
             continue
-        va, vb = value(ra), value(rb)
+        va, vb = _env_value(ra, name), _env_value(rb, name)
         if va != vb:
             pairs.setdefault((_shown(va), _shown(vb)), []).append(rank)
     common = len(set(records_a) & set(records_b))
@@ -258,7 +259,9 @@ def _shown(value: str | None) -> str:
 _LOADER_FIELDS = ("num_workers", "sampler", "generator")
 
 
-def _loaders(records_a: dict[int, Any], records_b: dict[int, Any]) -> list[Difference]:
+def _loaders(
+    records_a: dict[int, RankRecord], records_b: dict[int, RankRecord]
+) -> list[Difference]:
     """Loaders built in the audited windows: workers, sampler chain, generator; by name."""
     pairs: dict[tuple[str, str, str, str], list[int]] = {}
     for rank in sorted(set(records_a) & set(records_b)):
@@ -279,27 +282,27 @@ def _loaders(records_a: dict[int, Any], records_b: dict[int, Any]) -> list[Diffe
     ]
 
 
-def _loader_table(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    table: dict[str, dict[str, Any]] = {}
+def _loader_table(record: RankRecord) -> dict[str, Loader]:
+    table: dict[str, Loader] = {}
     for loader in record.get("loaders") or []:
         if isinstance(loader, dict):
             table.setdefault(str(loader.get("loader")), loader)
     return table
 
 
-def _str(value: Any) -> str | None:
+def _str(value: object) -> str | None:
     return None if value is None else str(value)
 
 
 # Timelines ---------------------------------------------------------------------------------
 
 
-def _rank(record: dict[str, Any]) -> int:
+def _rank(record: RankRecord) -> int:
     rank = record.get("rank")
     return rank if isinstance(rank, int) else 0
 
 
-def ordered_events(record: dict[str, Any] | None) -> list[Event]:
+def ordered_events(record: RankRecord | None) -> list[Event]:
     """A rank's events in the order they first happened (audit, then sequence number)."""
     if record is None:
         return []
@@ -307,11 +310,14 @@ def ordered_events(record: dict[str, Any] | None) -> list[Event]:
     return sorted(events, key=lambda e: (_int(e.get("audit")), _int(e.get("seq"))))
 
 
-def _int(value: Any) -> int:
+def _int(value: object) -> int:
     return value if isinstance(value, int) else 0
 
 
-def event_key(event: Event) -> tuple[Any, ...]:
+EventKey = tuple[str | None, str | None, str | None, str | None, str, str, str | None]
+
+
+def event_key(event: Event) -> EventKey:
     """What makes two runs' events the same draw: generator, op, kind, phase, call sites,
     sampler chain (file names shortened, so two checkouts of a program compare equal)."""
     sampler = event.get("sampler")
@@ -333,7 +339,7 @@ def _state_differs(a: Event, b: Event) -> bool:
     return a.get("kind") == DRAW and bool(fa) and bool(fb) and fa != fb
 
 
-def _rank_diff(rank: int, ra: dict[str, Any] | None, rb: dict[str, Any] | None) -> RankDiff:
+def _rank_diff(rank: int, ra: RankRecord | None, rb: RankRecord | None) -> RankDiff:
     events_a, events_b = ordered_events(ra), ordered_events(rb)
     result = RankDiff([rank], len(events_a), len(events_b))
     if ra is None or rb is None:
@@ -365,7 +371,7 @@ def _rank_diff(rank: int, ra: dict[str, Any] | None, rb: dict[str, Any] | None) 
     return result
 
 
-def _which_extra(keys_a: list[Any], keys_b: list[Any], i: int) -> str:
+def _which_extra(keys_a: list[EventKey], keys_b: list[EventKey], i: int) -> str:
     """At ``i`` the events differ: is one run's event an extra one (the other run has the
     same event a little later), or are they simply different draws?"""
     for k in range(1, LOOKAHEAD + 1):
@@ -376,19 +382,29 @@ def _which_extra(keys_a: list[Any], keys_b: list[Any], i: int) -> str:
     return DIFFERENT_EVENT
 
 
+@dataclass
+class _SiteDraws:
+    """One call site's draws after the divergence, per run: counts and generator states."""
+
+    event: Event  # the first seen
+    counts: list[int] = field(default_factory=lambda: [0, 0])
+    states: tuple[list[str], list[str]] = field(default_factory=lambda: ([], []))
+
+
 def _after(events_a: list[Event], events_b: list[Event]) -> list[SiteChange]:
     """From the divergence on, per (generator, op, call site): draws in each run, and
     whether the generator states differed; only the call sites that differ."""
-    table: dict[tuple[Any, ...], list[Any]] = {}
+    table: dict[EventKey, _SiteDraws] = {}
     for column, events in ((0, events_a), (1, events_b)):
         for event in events:
-            row = table.setdefault(event_key(event), [0, 0, [], [], event])
-            row[column] += max(1, _int(event.get("count")))
-            if event.get("kind") == DRAW and event.get("fingerprint"):
-                row[2 + column].append(event.get("fingerprint"))
+            row = table.setdefault(event_key(event), _SiteDraws(event))
+            row.counts[column] += max(1, _int(event.get("count")))
+            fingerprint = event.get("fingerprint")
+            if event.get("kind") == DRAW and fingerprint:
+                row.states[column].append(fingerprint)
     changes = []
     for row in table.values():
-        count_a, count_b, fps_a, fps_b, event = row
+        (count_a, count_b), (fps_a, fps_b), event = row.counts, row.states, row.event
         states_differ = bool(fps_a) and bool(fps_b) and fps_a != fps_b
         if count_a == count_b and not states_differ:
             continue

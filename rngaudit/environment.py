@@ -6,9 +6,9 @@ import functools
 import os
 import platform
 import sys
-from typing import Any
 
 from rngaudit.recorder import RECORDER
+from rngaudit.records import EnvironmentDict
 
 # Distributions whose version changes what a program draws (a release that draws once more).
 PACKAGES = ("torch", "numpy", "accelerate", "torchdata")
@@ -16,7 +16,7 @@ PACKAGES = ("torch", "numpy", "accelerate", "torchdata")
 VARIABLES = ("PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG")
 
 
-def describe() -> dict[str, Any]:
+def describe() -> EnvironmentDict:
     """This process's ``environment`` block of the rank record (small: a few short strings).
 
     Reads versions and seeds; never imports torch, numpy or accelerate, never draws.

@@ -343,7 +343,9 @@ def _act(found: list[Finding], watch: Watch, record: dict[str, Any]) -> None:
         world_size=int(getattr(session, "world_size", 1)),
         run_id=str(getattr(session, "run_id", "")),
         mode=watch.settings.mode,
-        audits=[{"label": f"epoch {record['epoch']} of {record['loader']}"}],
+        audits=[
+            {"index": found[0].audit, "label": f"epoch {record['epoch']} of {record['loader']}"}
+        ],
     )
     act(report, watch.settings.mode, watch.settings.strict)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rngaudit.records import CallSiteDict, FindingDict
+
 SEVERITIES = ("info", "warning", "error")
 
 # Finding kinds are part of the public contract (report files and docs name them).
@@ -46,30 +48,34 @@ class Finding:
     message: str
     ranks: list[int]
     generator: str | None = None
-    call_site: dict[str, Any] | None = None
-    user_call_site: dict[str, Any] | None = None
+    call_site: CallSiteDict | None = None
+    user_call_site: CallSiteDict | None = None
     remedy: str | None = None
     audit: int = 0
     details: dict[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def to_dict(self) -> FindingDict:
+        out: FindingDict = {
             "kind": self.kind,
             "severity": self.severity,
             "message": self.message,
             "ranks": list(self.ranks),
             "audit": self.audit,
         }
-        for key in ("generator", "call_site", "user_call_site", "remedy"):
-            value = getattr(self, key)
-            if value is not None:
-                out[key] = value
+        if self.generator is not None:
+            out["generator"] = self.generator
+        if self.call_site is not None:
+            out["call_site"] = self.call_site
+        if self.user_call_site is not None:
+            out["user_call_site"] = self.user_call_site
+        if self.remedy is not None:
+            out["remedy"] = self.remedy
         if self.details:
             out["details"] = self.details
         return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Finding:
+    def from_dict(cls, data: FindingDict) -> Finding:
         return cls(
             kind=str(data["kind"]),
             severity=str(data["severity"]),

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 # docs/report-format.md describes these fields in words; this module is their one definition.
+# The producer writes every field of Event, Loader, SamplerDict and CallSiteDict. A report read
+# from disk (report_read) is checked against these classes field by field, but it needs only
+# the fields report_read names as required: a file written by hand or by an older rngaudit may
+# lack the others or hold null, so code that reads a loaded report uses .get() with a fallback.
 
 
 class CallSiteDict(TypedDict):
@@ -58,6 +62,15 @@ class Loader(_LoaderBase, total=False):
     audit: int  # added when the rank file accumulates audits
 
 
+class EnvironmentDict(TypedDict):
+    """What a rank ran with, for ``rngaudit diff`` (``environment.describe()``)."""
+
+    python: str
+    packages: dict[str, str | None]  # distribution -> version, None when not installed
+    seeds: dict[str, int]  # generator name -> the seed it was last seeded with
+    variables: dict[str, str]  # PYTHONHASHSEED, CUBLAS_WORKSPACE_CONFIG when set
+
+
 class RankRecord(TypedDict, total=False):
     """One rank's record: exchanged and compared per audit, accumulated in its rank file.
 
@@ -69,18 +82,78 @@ class RankRecord(TypedDict, total=False):
     """
 
     rank: int
-    pid: int
-    host: str
+    pid: int | None  # None (null) in the files for a same_as stub
+    host: str | None
     label: str
     events: list[Event]
     loaders: list[Loader]
-    states: dict[str, dict[str, Any]]  # "entry" / "exit": generator name -> fingerprint
-    initial_seeds: dict[str, Any]
+    states: dict[str, dict[str, str | None]]  # "entry" / "exit": generator name -> fingerprint
+    initial_seeds: dict[str, int]  # generator name -> the seed it was last seeded with
     from_start: bool
     exception: str | None
-    environment: dict[str, Any] | None
+    environment: EnvironmentDict | None
     framework: str
     run_id: str
     audit_index: int
     signature: str
     same_as: int | None
+
+
+# The report files (NotRequired: may be absent, the producer does not always write it).
+
+
+class _FindingBase(TypedDict):
+    kind: str  # findings.KINDS
+    severity: str  # findings.SEVERITIES
+    message: str
+    ranks: NotRequired[list[int]]
+    audit: NotRequired[int]
+
+
+class FindingDict(_FindingBase, total=False):
+    """A finding as the files hold it (``Finding.to_dict()``): the last five when known."""
+
+    generator: str
+    call_site: CallSiteDict
+    user_call_site: CallSiteDict
+    remedy: str
+    details: dict[str, Any]  # fingerprints per rank, sampler, loader, worker ids, ...
+
+
+class AuditDict(TypedDict):
+    """One audit (or per-epoch check) of a process, in the files' ``audits``."""
+
+    index: int
+    label: NotRequired[str]
+    verdict: NotRequired[str]  # "ok", "warning" or "error"
+    mode: NotRequired[str]  # with strict: what every rank acted on, when the ranks' modes differed
+    strict: NotRequired[bool]
+    deferred: NotRequired[list[str] | bool]  # audits that waited for the process group; True:
+    # this audit itself is waiting (only on the report an audit returns, never in a file)
+
+
+class ReportDict(TypedDict):
+    """``report.json``, written by rank 0 (``AuditReport.to_dict()``)."""
+
+    schema_version: int  # report.SCHEMA_VERSION
+    run_id: str
+    verdict: NotRequired[str]
+    world_size: int
+    mode: NotRequired[str]  # config.MODES
+    audits: NotRequired[list[AuditDict]]
+    findings: list[FindingDict]
+    ranks: list[RankRecord]
+
+
+class RankFileDict(TypedDict):
+    """``rank-<R>.json``, written by every rank: its findings and its accumulated record."""
+
+    schema_version: int
+    run_id: str
+    world_size: int
+    rank: int
+    mode: NotRequired[str]
+    verdict: NotRequired[str]
+    audits: NotRequired[list[AuditDict]]
+    findings: list[FindingDict]
+    record: RankRecord

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import re
 import textwrap
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import TextIO
 
 from rngaudit.callsite import format_site
 from rngaudit.events import DRAW, PRE_ITERATION
 from rngaudit.findings import Finding, format_ranks
+from rngaudit.records import AuditDict, Event, Loader
 from rngaudit.report import AuditReport
 
 WIDTH = 100
@@ -21,8 +23,6 @@ _GAP = "  "
 _PREFIX = 8  # ">> " marker, position right-aligned in 3, two spaces
 _LABEL = 12  # "user code:" and friends, padded
 _INDENT = "    "
-
-Event = dict[str, Any]
 
 
 def render_json(report: AuditReport) -> str:
@@ -106,8 +106,8 @@ def render_summary(report: AuditReport, *, width: int = WIDTH) -> str:
 
 def _loader_lines(report: AuditReport) -> list[str]:
     """One line per loader (audit, name): sampler, generator, and the early draw per rank."""
-    seen: dict[tuple[Any, str], dict[str, Any]] = {}
-    early: dict[tuple[Any, str], dict[int, str]] = {}
+    seen: dict[tuple[int | None, str], Loader] = {}
+    early: dict[tuple[int | None, str], dict[int, str]] = {}
     for record in report.ranks:
         for loader in record.get("loaders") or []:
             key = (loader.get("audit"), str(loader.get("loader")))
@@ -154,7 +154,7 @@ def _counts(findings: list[Finding]) -> str:
     return f"{len(findings)} {noun} ({', '.join(counts)})"
 
 
-def _audit_name(audit: dict[str, Any]) -> str:
+def _audit_name(audit: AuditDict) -> str:
     name = f"#{audit.get('index', 0)}"
     if audit.get("label"):
         name += f" {audit['label']}"
@@ -184,7 +184,7 @@ def _finding_fields(finding: Finding) -> list[tuple[str, str]]:
     return [(label, value) for label, value in fields if value]
 
 
-def _scalar(value: Any) -> str:
+def _scalar(value: object) -> str:
     return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
 
 
@@ -234,7 +234,7 @@ def _timelines(report: AuditReport) -> list[_Timeline]:
     return timelines
 
 
-def _number(data: dict[str, Any], key: str, default: int = 0) -> int:
+def _number(data: Mapping[str, object], key: str, default: int = 0) -> int:
     """An integer field of a record or event; ``default`` when it is absent or null."""
     value = data.get(key)
     return value if isinstance(value, int) else default
@@ -260,7 +260,10 @@ def _first_divergence(rows: list[list[Event | None]], ranks: list[int]) -> tuple
     return None, ""
 
 
-def _event_key(event: Event) -> tuple[Any, ...]:
+EventKey = tuple[str | None, str | None, str | None, str, int]
+
+
+def _event_key(event: Event) -> EventKey:
     return (
         event.get("kind"),
         event.get("generator"),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import textwrap
-from typing import Any
 
 from rngaudit.callsite import format_site
 from rngaudit.diff import (
@@ -20,6 +19,7 @@ from rngaudit.diff import (
     SiteChange,
     ranks_label,
 )
+from rngaudit.records import Event
 from rngaudit.render import WIDTH, _event_summary, _run_line
 
 _INDENT = "  "
@@ -104,7 +104,7 @@ def rank_heading(rank_diff: RankDiff) -> str:
     )
 
 
-def divergent_events(rank_diff: RankDiff) -> list[tuple[str, dict[str, Any] | None]]:
+def divergent_events(rank_diff: RankDiff) -> list[tuple[str, Event | None]]:
     """The events at the divergence, each with what it is: ``[("only in B", event), ...]``."""
     reason = rank_diff.reason
     if reason == ONLY_B:
@@ -116,12 +116,12 @@ def divergent_events(rank_diff: RankDiff) -> list[tuple[str, dict[str, Any] | No
     return []
 
 
-def event_line(event: dict[str, Any]) -> str:
+def event_line(event: Event) -> str:
     """``torch.default_generator aten.rand x1 fp 1a2b3c4d``."""
     return f"{event.get('generator') or '?'} {_event_summary(event)}"
 
 
-def event_where(event: dict[str, Any]) -> str:
+def event_where(event: Event) -> str:
     """``at torch/nn/init.py:616 in kaiming_uniform_, from train.py:6 in <module>``."""
     site = format_site(event.get("call_site"))
     user = format_site(event.get("user_call_site"))

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
 
 from rngaudit.diff import RankDiff, RunDiff, event_key, ordered_events, ranks_label
 from rngaudit.events import DRAW
 from rngaudit.findings import Finding, format_ranks
+from rngaudit.records import Event, Loader, RankRecord
 from rngaudit.render import (
     _audit_suffix,
     _counts,
@@ -36,8 +36,8 @@ from rngaudit.report import AuditReport
 FOLD_MIN = 2  # equal positions in a row that are folded into one <details>
 MAX_ROWS = 400  # positions shown per timeline (the page stays small for huge runs)
 
-Event = dict[str, Any]
 Cell = Event | None
+CellKey = Callable[[Cell], object]  # what makes two cells equal, JSON-encodable
 
 # No network: no fonts, scripts or images from anywhere (the policy forbids them too).
 _HEAD = """<!DOCTYPE html>
@@ -180,8 +180,8 @@ def _finding(report: AuditReport, finding: Finding) -> str:
 
 def _loaders(report: AuditReport) -> str:
     """The loaders built in the audited windows, with sampler chains and early draws."""
-    loaders: dict[tuple[Any, str], dict[str, Any]] = {}
-    early: dict[tuple[Any, str], dict[str, list[int]]] = {}
+    loaders: dict[tuple[int | None, str], Loader] = {}
+    early: dict[tuple[int | None, str], dict[str, list[int]]] = {}
     for record in report.ranks:
         for loader in record.get("loaders") or []:
             key = (loader.get("audit"), str(loader.get("loader")))
@@ -229,7 +229,7 @@ def _report_timeline(timeline: _Timeline, first: bool) -> str:
     )
 
 
-def _cell_key(cell: Cell) -> Any:
+def _cell_key(cell: Cell) -> object:
     if cell is None:
         return None
     return [*_event_key(cell), cell.get("fingerprint") if cell.get("kind") == DRAW else None]
@@ -238,7 +238,9 @@ def _cell_key(cell: Cell) -> Any:
 # Diff pieces -------------------------------------------------------------------------------
 
 
-def _diff_rank(rank_diff: RankDiff, record_a: Any, record_b: Any, first: bool) -> str:
+def _diff_rank(
+    rank_diff: RankDiff, record_a: RankRecord | None, record_b: RankRecord | None, first: bool
+) -> str:
     heading = ranks_label(rank_diff.ranks).capitalize()
     parts = [f'<section class="rank"><h2>{_e(heading)}</h2>']
     note_class = "note diverges" if rank_diff.position is not None else "note"
@@ -316,7 +318,7 @@ def _grid(
     return "".join(out)
 
 
-def _diff_key(cell: Cell) -> Any:
+def _diff_key(cell: Cell) -> object:
     if cell is None:
         return None
     state = cell.get("fingerprint") if cell.get("kind") == DRAW else None
@@ -324,7 +326,7 @@ def _diff_key(cell: Cell) -> Any:
 
 
 def _stretches(
-    rows: list[list[Cell]], divergence: int | None, key: Any
+    rows: list[list[Cell]], divergence: int | None, key: CellKey
 ) -> Iterator[tuple[int, int, bool]]:
     """(start, stop, all columns equal) for maximal runs; the divergence is never folded."""
     flags = [i != divergence and _all_equal(cells, key) for i, cells in enumerate(rows)]
@@ -335,11 +337,11 @@ def _stretches(
             start = i
 
 
-def _all_equal(cells: list[Cell], key: Any) -> bool:
+def _all_equal(cells: list[Cell], key: CellKey) -> bool:
     return cells[0] is not None and len({json.dumps(key(c), default=str) for c in cells}) == 1
 
 
-def _row(index: int, cells: list[Cell], divergent: bool, anchor: bool, key: Any) -> str:
+def _row(index: int, cells: list[Cell], divergent: bool, anchor: bool, key: CellKey) -> str:
     """One position; at the divergence, the cells that differ from most columns are marked
     (every cell when no value has a majority)."""
     classes = "row divergent" if divergent else "row"

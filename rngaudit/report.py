@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from rngaudit.findings import Finding, verdict_of
+from rngaudit.records import AuditDict, RankRecord, ReportDict
 
 SCHEMA_VERSION = 1
 
@@ -14,15 +14,15 @@ SCHEMA_VERSION = 1
 class AuditReport:
     """What an audit found. ``a.report`` after ``with rngaudit.audit() as a``.
 
-    ``ranks`` holds one record per rank (dicts with ``rank`` and ``events``), as exchanged.
+    ``ranks`` holds one record per rank (``rank`` and ``events`` at least), as exchanged.
     """
 
     findings: list[Finding] = field(default_factory=list)
-    ranks: list[dict[str, Any]] = field(default_factory=list)
+    ranks: list[RankRecord] = field(default_factory=list)
     world_size: int = 1
     run_id: str = ""
     mode: str = "raise"
-    audits: list[dict[str, Any]] = field(default_factory=list)
+    audits: list[AuditDict] = field(default_factory=list)
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -33,7 +33,7 @@ class AuditReport:
     def errors(self) -> list[Finding]:
         return [f for f in self.findings if f.severity == "error"]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ReportDict:
         return {
             "schema_version": self.schema_version,
             "run_id": self.run_id,
@@ -46,7 +46,7 @@ class AuditReport:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> AuditReport:
+    def from_dict(cls, data: ReportDict) -> AuditReport:
         return cls(
             findings=[Finding.from_dict(f) for f in data.get("findings", [])],
             ranks=list(data.get("ranks", [])),

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-from collections.abc import Mapping
+import types
+import typing
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
+from rngaudit import records
 from rngaudit import report_write as report_files
 from rngaudit.errors import ReportError
 from rngaudit.findings import RANK_MISSING, SEVERITIES, Finding, format_ranks
@@ -19,67 +22,59 @@ _RANK_PREFIX, _RANK_SUFFIX = RANK_FILE.split("{rank}")
 MAX_DEPTH = 32  # report files nest 6 levels; deeper input is not a report (nor safe to walk)
 MAX_WORLD_SIZE = 1 << 20  # ranks; a larger world_size is a corrupt or hostile file
 
-# Field tables: name -> JSON type. Optional fields may also be null.
-_REPORT_REQUIRED = {"run_id": str, "world_size": int, "findings": list, "ranks": list}
-_REPORT_OPTIONAL = {"verdict": str, "mode": str, "audits": list}
-_RANK_FILE_REQUIRED = {
-    "run_id": str,
-    "world_size": int,
-    "rank": int,
-    "findings": list,
-    "record": dict,
-}
-_RANK_FILE_OPTIONAL = {"verdict": str, "mode": str, "audits": list}
-_RECORD_REQUIRED = {"rank": int, "events": list}
-_RECORD_OPTIONAL = {
-    "pid": int,
-    "host": str,
-    "states": dict,
-    "loaders": list,
-    "environment": dict,
-    "exception": str,
-    "same_as": int,
-}
-_SITE_OPTIONAL = {"file": str, "line": int, "function": str}
-_SAMPLER_OPTIONAL = {"chain": str, "loader": str, "output_digest": str}
-_LOADER_OPTIONAL = {
-    "loader": str,
-    "num_workers": int,
-    "sampler": str,
-    "generator": str,
-    "drew_before_iteration": bool,
-    "fingerprint": str,
-    "output_digest": str,
-    "audit": int,
-}
-_EVENT_OPTIONAL = {
-    "seq": int,
-    "audit": int,
-    "generator": str,
-    "op": str,
-    "kind": str,
-    "call_site": dict,
-    "chain": list,
-    "user_call_site": dict,
-    "count": int,
-    "fingerprint": str,
-    "thread": str,
-    "pid": int,
-    "phase": str,
-    "sampler": dict,
-}
-_FINDING_REQUIRED = {"kind": str, "severity": str, "message": str}
-_FINDING_OPTIONAL = {
-    "ranks": list,
-    "audit": int,
-    "generator": str,
-    "call_site": dict,
-    "user_call_site": dict,
-    "remedy": str,
-    "details": dict,
-}
-_AUDIT_REQUIRED = {"index": int}
-_AUDIT_OPTIONAL = {"label": str, "verdict": str}
+_Shape = tuple[type, tuple[str, ...]]
+_JSONTypes = tuple[type, ...]
+
+
+def _as_declared(typed_dict: type) -> _Shape:
+    """A shape whose required fields are the TypedDict's own: neither ``NotRequired`` nor of
+    a ``total=False`` class. (``__required_keys__`` alone misses a ``NotRequired`` written in
+    a postponed annotation before Python 3.12.)"""
+    total: frozenset[str] = getattr(typed_dict, "__required_keys__", frozenset())
+    hints = typing.get_type_hints(typed_dict, include_extras=True)
+    return typed_dict, tuple(
+        name
+        for name, hint in hints.items()
+        if name in total and typing.get_origin(hint) is not typing.NotRequired
+    )
+
+
+# What each shape needs: its TypedDict in rngaudit.records (the types of its fields) and the
+# fields a file must have. Every other field may be absent or null; the type of every field
+# present is checked against the TypedDict's annotation. The records' fields are all written
+# by the producer, but a file needs only ``rank`` and ``events`` of them (see records.py).
+_REPORT = _as_declared(records.ReportDict)
+_RANK_FILE = _as_declared(records.RankFileDict)
+_FINDING = _as_declared(records.FindingDict)
+_AUDIT = _as_declared(records.AuditDict)
+_RECORD = (records.RankRecord, ("rank", "events"))
+_EVENT = (records.Event, ())
+_SITE = (records.CallSiteDict, ())
+_SAMPLER = (records.SamplerDict, ())
+_LOADER = (records.Loader, ())
+
+
+def _json_types(annotation: Any) -> _JSONTypes:
+    """The JSON types a field's annotation allows: ``list[Event] | None`` -> ``(list,)``
+    (null is decided by :func:`_check_fields`)."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return tuple(
+            t for arg in typing.get_args(annotation) if arg is not type(None)
+            for t in _json_types(arg)
+        )  # fmt: skip
+    if typing.is_typeddict(annotation):
+        return (dict,)
+    origin = typing.get_origin(annotation)
+    return (origin if origin is not None else annotation,)
+
+
+@functools.cache
+def _field_types(shape: type) -> dict[str, _JSONTypes]:
+    """Field name -> allowed JSON types, from the TypedDict ``shape``."""
+    return {
+        name: _json_types(annotation)
+        for name, annotation in typing.get_type_hints(shape).items()
+    }
 
 
 class _RankFile(NamedTuple):
@@ -91,8 +86,8 @@ class _RankFile(NamedTuple):
     world_size: int
     mode: str
     findings: list[Finding]
-    audits: list[dict[str, Any]]
-    record: dict[str, Any]
+    audits: list[records.AuditDict]
+    record: records.RankRecord
 
 
 _TYPE_NAMES = {
@@ -176,14 +171,13 @@ def _rank_files(directory: Path) -> list[tuple[int, Path]]:
 
 
 def _load_report_file(path: Path) -> AuditReport:
-    data = _read_object(path)
-    _check_fields(data, _REPORT_REQUIRED, _REPORT_OPTIONAL, str(path))
+    data = _read_object(path, _REPORT)
     world_size = _check_world_size(data["world_size"], path)
-    records = [
+    ranks = [
         _check_record(record, f"{path}: ranks[{i}]") for i, record in enumerate(data["ranks"])
     ]
     seen: set[int] = set()
-    for i, record in enumerate(records):
+    for i, record in enumerate(ranks):
         if not 0 <= record["rank"] < world_size or record["rank"] in seen:
             raise ReportError(
                 f"{path}: ranks[{i}] is rank {record['rank']}, which is "
@@ -192,7 +186,7 @@ def _load_report_file(path: Path) -> AuditReport:
         seen.add(record["rank"])
     return AuditReport(
         findings=_findings(data["findings"], path),
-        ranks=records,
+        ranks=ranks,
         world_size=data["world_size"],
         run_id=data["run_id"],
         mode=data.get("mode") or "raise",
@@ -202,8 +196,7 @@ def _load_report_file(path: Path) -> AuditReport:
 
 
 def _load_rank_file(path: Path, rank: int) -> _RankFile:
-    data = _read_object(path)
-    _check_fields(data, _RANK_FILE_REQUIRED, _RANK_FILE_OPTIONAL, str(path))
+    data = _read_object(path, _RANK_FILE)
     _check_world_size(data["world_size"], path)
     if data["rank"] != rank:
         raise ReportError(f"{path}: field 'rank' is {data['rank']}, but the file name says {rank}")
@@ -242,7 +235,7 @@ def _merge(rank_files: list[_RankFile]) -> AuditReport:
 
     findings: list[Finding] = []
     seen: set[str] = set()
-    audits: dict[int, dict[str, Any]] = {}
+    audits: dict[int, records.AuditDict] = {}
     for rank_file in rank_files:
         for finding in rank_file.findings:
             key = json.dumps(finding.to_dict(), sort_keys=True)
@@ -250,7 +243,7 @@ def _merge(rank_files: list[_RankFile]) -> AuditReport:
                 seen.add(key)
                 findings.append(finding)
         for audit in rank_file.audits:
-            merged = audits.setdefault(audit["index"], dict(audit))
+            merged = audits.setdefault(audit["index"], audit.copy())
             merged["verdict"] = _worst(merged.get("verdict"), audit.get("verdict"))
 
     present = {rank_file.rank for rank_file in rank_files}
@@ -292,13 +285,14 @@ def _rank_missing_finding(missing: list[int], world_size: int) -> Finding:
     )
 
 
-def _worst(a: Any, b: Any) -> str:
+def _worst(a: str | None, b: str | None) -> str:
     ranked = [v for v in (a, b) if v in _VERDICT_ORDER]
     return max(ranked, key=_VERDICT_ORDER.index) if ranked else "ok"
 
 
-def _read_object(path: Path) -> dict[str, Any]:
-    """The JSON object in ``path``, with a supported schema_version."""
+def _read_object(path: Path, shape: _Shape) -> dict[str, Any]:
+    """The JSON object in ``path``, with a supported schema_version and the fields of
+    ``shape``."""
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
@@ -329,6 +323,7 @@ def _read_object(path: Path) -> dict[str, Any]:
             f"{path}: unsupported schema_version {json.dumps(version)} "
             f"(this rngaudit reads schema_version {SCHEMA_VERSION})"
         )
+    _check_fields(data, shape, str(path))
     return data
 
 
@@ -352,24 +347,22 @@ def _check_world_size(world_size: int, path: Path) -> int:
     return world_size
 
 
-def _check_fields(
-    data: dict[str, Any],
-    required: Mapping[str, type],
-    optional: Mapping[str, type],
-    where: str,
-) -> None:
+def _check_fields(data: dict[str, Any], shape: _Shape, where: str) -> None:
+    typed_dict, required = shape
     missing = [name for name in required if name not in data]
     if missing:
         fields = ", ".join(repr(name) for name in missing)
         plural = "s" if len(missing) > 1 else ""
         raise ReportError(f"{where}: missing required field{plural} {fields}")
-    for name, expected in [*required.items(), *optional.items()]:
+    types = _field_types(typed_dict)
+    for name in [*required, *(name for name in types if name not in required)]:
         value = data.get(name)
-        if value is None and name in optional:
+        if value is None and name not in required:
             continue
-        if not _is_type(value, expected):
+        if not any(_is_type(value, expected) for expected in types[name]):
+            expected_names = " or ".join(_TYPE_NAMES[t] for t in types[name])
             raise ReportError(
-                f"{where}: field {name!r} is {_json_type(value)}, expected {_TYPE_NAMES[expected]}"
+                f"{where}: field {name!r} is {_json_type(value)}, expected {expected_names}"
             )
 
 
@@ -379,22 +372,22 @@ def _is_type(value: Any, expected: type) -> bool:
     return isinstance(value, expected)
 
 
-def _check_record(record: Any, where: str) -> dict[str, Any]:
+def _check_record(record: Any, where: str) -> records.RankRecord:
     if not isinstance(record, dict):
         raise ReportError(f"{where} is {_json_type(record)}, expected an object")
-    _check_fields(record, _RECORD_REQUIRED, _RECORD_OPTIONAL, where)
+    _check_fields(record, _RECORD, where)
     for i, event in enumerate(record["events"]):
         if not isinstance(event, dict):
             raise ReportError(f"{where}.events[{i}] is {_json_type(event)}, expected an object")
-        _check_fields(event, {}, _EVENT_OPTIONAL, f"{where}.events[{i}]")
+        _check_fields(event, _EVENT, f"{where}.events[{i}]")
         _check_sites(event, f"{where}.events[{i}]")
         if event.get("sampler") is not None:
-            _check_fields(event["sampler"], {}, _SAMPLER_OPTIONAL, f"{where}.events[{i}].sampler")
+            _check_fields(event["sampler"], _SAMPLER, f"{where}.events[{i}].sampler")
     for i, loader in enumerate(record.get("loaders") or []):
         if not isinstance(loader, dict):
             raise ReportError(f"{where}.loaders[{i}] is {_json_type(loader)}, expected an object")
-        _check_fields(loader, {}, _LOADER_OPTIONAL, f"{where}.loaders[{i}]")
-    return record
+        _check_fields(loader, _LOADER, f"{where}.loaders[{i}]")
+    return cast(records.RankRecord, record)
 
 
 def _check_sites(data: dict[str, Any], where: str) -> None:
@@ -406,7 +399,7 @@ def _check_sites(data: dict[str, Any], where: str) -> None:
             continue
         if not isinstance(site, dict):
             raise ReportError(f"{where}.{name} is {_json_type(site)}, expected an object")
-        _check_fields(site, {}, _SITE_OPTIONAL, f"{where}.{name}")
+        _check_fields(site, _SITE, f"{where}.{name}")
 
 
 def _findings(items: list[Any], path: Path) -> list[Finding]:
@@ -415,7 +408,7 @@ def _findings(items: list[Any], path: Path) -> list[Finding]:
         where = f"{path}: findings[{i}]"
         if not isinstance(item, dict):
             raise ReportError(f"{where} is {_json_type(item)}, expected an object")
-        _check_fields(item, _FINDING_REQUIRED, _FINDING_OPTIONAL, where)
+        _check_fields(item, _FINDING, where)
         if item["severity"] not in SEVERITIES:
             raise ReportError(
                 f"{where}: unknown severity {item['severity']!r} "
@@ -424,17 +417,18 @@ def _findings(items: list[Any], path: Path) -> list[Finding]:
         if not all(type(r) is int for r in item.get("ranks") or []):
             raise ReportError(f"{where}: field 'ranks' must hold integers")
         _check_sites({k: item.get(k) for k in ("call_site", "user_call_site")}, where)
-        findings.append(Finding.from_dict({k: v for k, v in item.items() if v is not None}))
+        present = {k: v for k, v in item.items() if v is not None}
+        findings.append(Finding.from_dict(cast(records.FindingDict, present)))
     return findings
 
 
-def _audits(items: list[Any], path: Path) -> list[dict[str, Any]]:
+def _audits(items: list[Any], path: Path) -> list[records.AuditDict]:
     for i, item in enumerate(items):
         where = f"{path}: audits[{i}]"
         if not isinstance(item, dict):
             raise ReportError(f"{where} is {_json_type(item)}, expected an object")
-        _check_fields(item, _AUDIT_REQUIRED, _AUDIT_OPTIONAL, where)
-    return list(items)
+        _check_fields(item, _AUDIT, where)
+    return cast(list[records.AuditDict], list(items))
 
 
 def _json_type(value: Any) -> str:

@@ -14,7 +14,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +31,12 @@ STALE_AFTER = 3600.0  # seconds: a temp file this old is stale whoever wrote it
 _HOST = socket.gethostname().replace(".", "_")
 
 
-def encode(data: dict[str, Any]) -> str:
+def encode(data: Mapping[str, Any]) -> str:
     # json.dumps, not json.dump: dump() to a file runs the pure-Python encoder (4x slower)
     return json.dumps(data, separators=(",", ":")) + "\n"
 
 
-def write_json(path: Path, data: dict[str, Any]) -> None:
+def write_json(path: Path, data: Mapping[str, Any]) -> None:
     """Write ``data`` to ``path`` atomically (temp file + rename in the same directory)."""
     write_text(path, encode(data))
 

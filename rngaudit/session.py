@@ -9,10 +9,10 @@ import socket
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from rngaudit import compare, environment, exchange, records, run_kind
 from rngaudit import report_write as report_files
@@ -73,9 +73,9 @@ class Session:
         self.joined = False  # has exchanged through a process group: rank and world are known
         self.pending: list[tuple[int, str, records.RankRecord]] = []  # deferred: no group yet
         self._set_aside_for: str | None = None  # run id whose predecessors were moved away
-        self.audits: list[dict[str, Any]] = []
+        self.audits: list[records.AuditDict] = []
         self.findings: list[Finding] = []
-        self.records: dict[int, dict[str, Any]] = {}
+        self.records: dict[int, records.RankRecord] = {}
         self._next_index = 0
         self._occurrences: dict[str, int] = {}  # exchanges per audit identity (label)
         self._lock = threading.RLock()
@@ -146,7 +146,8 @@ class Session:
         )
         if where is not None:  # after destroy_process_group(): keep the world size known
             self.world_size = result.world_size
-        arrived = sorted(result.records, key=lambda r: int(r["rank"]))
+        exchanged = cast(list[records.RankRecord], result.records)  # what the ranks published
+        arrived = sorted(exchanged, key=lambda r: int(r["rank"]))
         if arrived and arrived[0].get("run_id"):
             self.run_id = str(arrived[0]["run_id"])  # adopt the lowest rank's run id
         # a rank whose block raised stopped drawing early: compare the others among themselves
@@ -159,7 +160,7 @@ class Session:
                 comparable, result.world_size, result.missing, index, timeout, result.arrived
             )
         mode, acting_strict = compare.strictest(list(result.modes) or [declared], self.mode)
-        entry: dict[str, Any] = {"index": index, "label": label, "verdict": verdict_of(found)}
+        entry: records.AuditDict = {"index": index, "label": label, "verdict": verdict_of(found)}
         if len(result.modes) > 1:
             entry["mode"] = mode  # what every rank acts on
             entry["strict"] = acting_strict
@@ -360,16 +361,17 @@ class Session:
             self.findings.append(finding)
             self.write()
 
-    def _accumulate(self, rec: Mapping[str, Any], index: int) -> None:
+    def _accumulate(self, rec: records.RankRecord, index: int) -> None:
         rank = int(rec["rank"])
         acc = self.records.setdefault(
             rank,
             {"rank": rank, "pid": rec.get("pid"), "host": rec.get("host"), "events": []},
         )
         acc["events"].extend(rec.get("events", []))
-        acc.setdefault("loaders", []).extend(
-            dict(loader, audit=index) for loader in rec.get("loaders", [])
-        )
+        loaders: list[records.Loader] = [
+            {**loader, "audit": index} for loader in rec.get("loaders", [])
+        ]
+        acc.setdefault("loaders", []).extend(loaders)
         if rec.get("exception"):  # what its block raised (kept: it is why it stopped)
             acc["exception"] = rec["exception"]
         if rec.get("same_as") is not None:  # not fetched: equal to that rank's (see its file)
@@ -410,7 +412,7 @@ class Session:
         with self._lock:
             merged = self.report()
             own = self.records.get(self.rank, {"rank": self.rank, "events": [], "states": {}})
-            rank_doc = {
+            rank_doc: records.RankFileDict = {
                 "schema_version": SCHEMA_VERSION,
                 "run_id": self.run_id,
                 "world_size": self.world_size,

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import random
-from typing import Any
 
 from rngaudit.compare import compare, signature
+from rngaudit.findings import Finding
+from rngaudit.records import CallSiteDict, Event, RankRecord
 
 
-def site(file: str, line: int, function: str = "f") -> dict[str, Any]:
+def site(file: str, line: int, function: str = "f") -> CallSiteDict:
     return {"file": file, "line": line, "function": function}
 
 
@@ -21,13 +22,13 @@ def event(
     seq: int,
     generator: str,
     op: str,
-    cs: dict[str, Any],
+    cs: CallSiteDict,
     fp: str,
     *,
     sampler: bool = False,
     count: int = 1,
     phase: str = "pre-iteration",
-) -> dict[str, Any]:
+) -> Event:
     return {
         "seq": seq,
         "audit": 0,
@@ -53,8 +54,8 @@ def event(
 
 
 def record(
-    rank: int, events: list[dict[str, Any]], entry: str = "e", exit_: str = "x", seed: int = 1
-) -> dict[str, Any]:
+    rank: int, events: list[Event], entry: str = "e", exit_: str = "x", seed: int = 1
+) -> RankRecord:
     return {
         "rank": rank,
         "events": events,
@@ -66,7 +67,7 @@ def record(
     }
 
 
-def kinds(findings: list[Any]) -> set[tuple[str, str]]:
+def kinds(findings: list[Finding]) -> set[tuple[str, str]]:
     return {(f.kind, f.severity) for f in findings}
 
 
@@ -194,7 +195,7 @@ def test_findings_do_not_depend_on_record_order() -> None:
 
 
 def test_ranks_with_equal_records_are_compared_once_and_all_named() -> None:
-    def sampler_rank(rank: int) -> dict[str, Any]:
+    def sampler_rank(rank: int) -> RankRecord:
         fp = "b0" if rank % 2 == 0 else "b1"
         evs = [event(1, "torch.Generator#1", "aten.randperm", SAMPLER_SITE, fp, sampler=True)]
         return record(rank, evs, seed=rank % 2)
@@ -219,7 +220,7 @@ def test_all_ranks_equal_is_clean_whatever_the_world_size() -> None:
 def test_advice_fits_the_framework_of_the_run() -> None:
     """No accelerate advice in a plain torch or Lightning run; accelerate's when it drives."""
 
-    def records(framework: str | None) -> list[dict[str, Any]]:
+    def records(framework: str | None) -> list[RankRecord]:
         out = []
         for rank in (0, 1):
             evs = [event(1, "torch.default_generator", "aten.randperm", SAMPLER_SITE, f"b{rank}",

@@ -13,13 +13,14 @@ import json
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from samples import DATA, EXTRA_DRAW, GOLDEN, PREPARE, check_golden
 
 from rngaudit.callsite import format_site, short_path
 from rngaudit.findings import Finding, format_ranks
+from rngaudit.records import CallSiteDict, Event, Loader, RankRecord
 from rngaudit.render import (
     MAX_TIMELINE_ROWS,
     WIDTH,
@@ -38,25 +39,29 @@ def sample(name: str) -> AuditReport:
     return load_report_dir(DATA / name)
 
 
-def event(seq: int, op: str = "aten.rand", fp: str | None = "aa", **extra: Any) -> dict[str, Any]:
-    return {
+def event(seq: int, op: str = "aten.rand", fp: str | None = "aa", **extra: Any) -> Event:
+    site: CallSiteDict = {"file": "/x/train.py", "line": 10 + seq, "function": "main"}
+    base: Event = {
         "seq": seq,
         "audit": 0,
         "generator": "torch.default_generator",
         "op": op,
         "kind": "draw",
-        "call_site": {"file": "/x/train.py", "line": 10 + seq, "function": "main"},
-        "user_call_site": {"file": "/x/train.py", "line": 10 + seq, "function": "main"},
+        "call_site": site,
+        "chain": [site],
+        "user_call_site": site,
         "count": 1,
         "fingerprint": fp,
+        "thread": "MainThread",
+        "pid": 1,
         "phase": "pre-iteration",
         "sampler": None,
-        **extra,
     }
+    return cast(Event, {**base, **extra})  # extra: fields of Event, overridden
 
 
-def report_with(*timelines: list[dict[str, Any]]) -> AuditReport:
-    ranks = [{"rank": r, "events": events} for r, events in enumerate(timelines)]
+def report_with(*timelines: list[Event]) -> AuditReport:
+    ranks: list[RankRecord] = [{"rank": r, "events": events} for r, events in enumerate(timelines)]
     return AuditReport(ranks=ranks, world_size=len(ranks), run_id="r")
 
 
@@ -210,7 +215,8 @@ def test_narrow_width_is_respected() -> None:
 
 def test_long_cells_are_shortened() -> None:
     long = event(0, generator="torch.Generator#12 (" + "x" * 80 + ")")
-    long["call_site"] = {"file": "/a/site-packages/" + "deep/" * 20 + "mod.py", "line": 5}
+    deep = "/a/site-packages/" + "deep/" * 20 + "mod.py"
+    long["call_site"] = {"file": deep, "line": 5, "function": "f"}
     text = render_text(report_with([long], [long]))
     assert "..." in text
     assert "deep/mod.py:5" in text
@@ -233,9 +239,10 @@ def test_long_timeline_shows_the_divergence() -> None:
 
 def test_minimal_events_do_not_break_rendering() -> None:
     nulls = dict.fromkeys(("seq", "audit", "count", "generator", "op", "call_site"), None)
+    partial = [{"phase": "pre-iteration"}, {"phase": "pre-iteration", **nulls}]
+    # what report_read accepts from a file: any field may be absent or null
     report = report_with(
-        [{"phase": "pre-iteration"}, {"phase": "pre-iteration", **nulls}],
-        [{"phase": "pre-iteration", "seq": 0}],
+        cast(list[Event], partial), cast(list[Event], [{"phase": "pre-iteration", "seq": 0}])
     )
     for render in RENDERERS.values():
         render(report)
@@ -362,14 +369,14 @@ def test_format_ranks(ranks: list[int], text: str) -> None:
 
 
 def test_loaders_section_lists_each_loader_and_its_early_draw_per_rank() -> None:
-    loader = {
+    loader: Loader = {
         "loader": "StatefulDataLoader#1", "num_workers": 2, "audit": 0,
         "sampler": "BatchSamplerShard > BatchSampler > RandomSampler",
         "generator": "torch.Generator#1 (RandomSampler.generator)",
-        "drew_before_iteration": True, "output_digest": "d",
+        "drew_before_iteration": True, "output_digest": "d", "fingerprint": None,
     }  # fmt: skip
-    ranks = [
-        {"rank": r, "events": [], "loaders": [dict(loader, fingerprint=f"fp{r}")]} for r in (0, 1)
+    ranks: list[RankRecord] = [
+        {"rank": r, "events": [], "loaders": [{**loader, "fingerprint": f"fp{r}"}]} for r in (0, 1)
     ]
     report = AuditReport(ranks=ranks, world_size=2, run_id="x")
     text = render_text(report)

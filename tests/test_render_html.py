@@ -53,7 +53,7 @@ def widened(report: AuditReport, size: int) -> AuditReport:
     wide = copy.deepcopy(report)
     wide.world_size = size
     records = sorted(report.ranks, key=lambda r: int(r["rank"]))
-    wide.ranks = [dict(copy.deepcopy(records[r % len(records)]), rank=r) for r in range(size)]
+    wide.ranks = [{**copy.deepcopy(records[r % len(records)]), "rank": r} for r in range(size)]
     return wide
 
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import typing
 from pathlib import Path
 from typing import Any
 
 import pytest
 from samples import AUDIT, DATA
 
+from rngaudit import records
 from rngaudit.errors import ReportError
 from rngaudit.findings import RANK_MISSING
 from rngaudit.report_read import find_report_files, load_report_dir
@@ -243,6 +245,16 @@ def test_report_json_missing_fields(tmp_path: Path) -> None:
     assert "missing required fields 'world_size', 'ranks'" in message
 
 
+def test_fields_the_schema_marks_not_required_may_be_absent(tmp_path: Path) -> None:
+    """NotRequired in records.ReportDict / FindingDict / AuditDict: a file may lack them."""
+    finding = {"kind": "k", "severity": "info", "message": "m"}
+    doc = {"schema_version": 1, "run_id": "x", "world_size": 1, "findings": [finding]}
+    write(tmp_path, "report.json", {**doc, "ranks": [{"rank": 0, "events": []}]})
+    report = load_report_dir(tmp_path)
+    assert (report.mode, report.audits, report.verdict) == ("raise", [], "ok")
+    assert (report.findings[0].ranks, report.findings[0].audit) == ([], 0)
+
+
 def test_rank_file_missing_fields(tmp_path: Path) -> None:
     doc = rank_doc(0)
     del doc["record"]
@@ -434,6 +446,52 @@ def test_malformed_finding_call_site(tmp_path: Path) -> None:
     finding = {"kind": "k", "severity": "error", "message": "m", "call_site": ["f", 1]}
     write(tmp_path, "rank-0.json", rank_doc(0, world_size=1, findings=[finding]))
     assert "findings[0]: field 'call_site' is an array, expected an object" in load_error(tmp_path)
+
+
+def _placed(shape: str, name: str) -> tuple[dict[str, Any], str]:
+    """A rank file whose ``shape`` entry has field ``name`` set to a number no field takes,
+    and where the message should say so."""
+    doc = rank_doc(0, world_size=1)
+    bad = {name: 1.5}
+    if shape == "Event":
+        doc["record"]["events"] = [bad]
+        return doc, "record.events[0]"
+    if shape == "Loader":
+        doc["record"]["loaders"] = [bad]
+        return doc, "record.loaders[0]"
+    if shape == "RankRecord":
+        doc["record"].update(bad)
+        return doc, "record"
+    if shape == "FindingDict":
+        doc["findings"] = [{"kind": "k", "severity": "info", "message": "m", **bad}]
+        return doc, "findings[0]"
+    if shape == "AuditDict":
+        doc["audits"] = [{"index": 0, **bad}]
+        return doc, "audits[0]"
+    doc.update(bad)  # RankFileDict
+    return doc, "rank-0.json"
+
+
+@pytest.mark.parametrize(
+    ("shape", "name"),
+    [
+        (shape, name)
+        for shape in ("Event", "Loader", "RankRecord", "FindingDict", "AuditDict", "RankFileDict")
+        for name in typing.get_type_hints(getattr(records, shape))
+        if name != "schema_version"  # checked first, with its own message
+    ],
+)
+def test_every_field_of_the_schema_is_type_checked(tmp_path: Path, shape: str, name: str) -> None:
+    """The reader's checks come from the TypedDicts in rngaudit.records, field for field."""
+    doc, where = _placed(shape, name)
+    write(tmp_path, "rank-0.json", doc)
+    assert f"{where}: field {name!r} is a number, expected " in load_error(tmp_path)
+
+
+def test_a_field_of_two_types_names_both(tmp_path: Path) -> None:
+    write(tmp_path, "rank-0.json", rank_doc(0, audits=[{"index": 0, "deferred": "x"}]))
+    expected = "audits[0]: field 'deferred' is a string, expected an array or a boolean"
+    assert expected in load_error(tmp_path)
 
 
 @pytest.mark.parametrize("world_size", [20_000_000, 1_000_000_000, 10**40])

@@ -145,7 +145,9 @@ def test_divergent_sample_names_generator_call_site_and_ranks() -> None:
         next(e for e in record["events"] if e["sampler"] is not None) for record in report.ranks
     ]
     assert draws[0]["fingerprint"] != draws[1]["fingerprint"]
-    assert draws[0]["sampler"]["output_digest"] != draws[1]["sampler"]["output_digest"]
+    samplers = [draw["sampler"] for draw in draws]
+    assert samplers[0] is not None and samplers[1] is not None
+    assert samplers[0]["output_digest"] != samplers[1]["output_digest"]
     mismatch = next(f for f in report.findings if f.kind == "consumption-mismatch")
     assert mismatch.call_site is not None and mismatch.call_site["line"] == EXTRA_DRAW
 

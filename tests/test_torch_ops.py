@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -59,7 +59,7 @@ def mechanism(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
 
 def _draws(a: rngaudit.Audit) -> list[dict[str, Any]]:
     assert a.report is not None
-    events = a.report.ranks[0]["events"]
+    events = cast(list[dict[str, Any]], a.report.ranks[0]["events"])  # indexed as plain dicts
     return [e for e in events if e["kind"] == "draw" and e["op"].startswith("aten.")]
 
 
