@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import random
-import socket
 import sys
 import threading
 import warnings
@@ -14,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rngaudit import compare, environment, exchange, records, run_kind
+from rngaudit import compare, exchange, records
 from rngaudit import report_write as report_files
 from rngaudit.errors import (
     RNGAuditError,
@@ -23,7 +22,7 @@ from rngaudit.errors import (
     RNGDivergenceError,
 )
 from rngaudit.findings import RANK_MISSING, Finding, verdict_of
-from rngaudit.instrument import loaders as instrument_loaders
+from rngaudit.record import merge_deferred, rank_record, summarize_loaders
 from rngaudit.recorder import RECORDER, Window
 from rngaudit.report import SCHEMA_VERSION, AuditReport
 
@@ -127,7 +126,7 @@ class Session:
             with self._lock:
                 pending, self.pending = self.pending, []
             deferred = [lbl for _, lbl, _ in pending]
-            record = _merge_records([rec for _, _, rec in pending], record, index)
+            record = merge_deferred([rec for _, _, rec in pending], record, index)
         if where is not None:
             self.rank, self.world_size = where
             self.joined = True
@@ -220,7 +219,7 @@ class Session:
             built: list[Any] = []
             try:
                 events = RECORDER.events_since(window)
-                loaders = instrument_loaders.summarize(RECORDER, events)
+                loaders = summarize_loaders(RECORDER, events)
                 built = RECORDER.built_loaders()
             finally:
                 exit_states = RECORDER.end(window)  # undoes every patch at the outermost window
@@ -251,7 +250,7 @@ class Session:
         else:
             with RECORDER.paused():
                 events = RECORDER.events_since(window)
-                loaders = instrument_loaders.summarize(RECORDER, events)
+                loaders = summarize_loaders(RECORDER, events)
                 built = RECORDER.forget_loaders()  # each segment lists the loaders built in it
                 exit_states = RECORDER.snapshot()
                 concluded = self._conclude_window(
@@ -462,57 +461,6 @@ def for_dir(report_dir: Path, mode: str) -> Session:
             session = _sessions[key] = Session(key, mode)
         session.mode = mode
         return session
-
-
-def _merge_records(
-    earlier: list[records.RankRecord], record: records.RankRecord, index: int
-) -> records.RankRecord:
-    """Deferred records and the current one as one record of audit ``index``: events in
-    order, entry states from the first, exit states from the last."""
-    chunks = [*earlier, record]
-    events: list[records.Event] = [
-        {**e, "audit": index} for rec in chunks for e in rec.get("events", [])
-    ]
-    loaders = [loader for rec in chunks for loader in rec.get("loaders", [])]
-    states = {
-        "entry": chunks[0].get("states", {}).get("entry", {}),
-        "exit": record.get("states", {}).get("exit", {}),
-    }
-    exception = next((rec["exception"] for rec in chunks if rec.get("exception")), None)
-    merged: records.RankRecord = {
-        **record,
-        "events": events,
-        "loaders": loaders,
-        "states": states,
-        "exception": exception,
-    }
-    merged["from_start"] = any(bool(rec.get("from_start")) for rec in chunks)
-    return merged
-
-
-def rank_record(
-    label: str,
-    events: list[records.Event],
-    loaders: list[records.Loader],
-    states: dict[str, Any],
-    *,
-    from_start: bool,
-    exception: str | None = None,
-) -> records.RankRecord:
-    """This rank's record of one audit window, as it is exchanged and compared."""
-    return {
-        "pid": os.getpid(),
-        "host": socket.gethostname(),
-        "label": label,
-        "events": events,
-        "loaders": loaders,
-        "states": states,
-        "initial_seeds": RECORDER.initial_seeds(),
-        "from_start": from_start,
-        "exception": exception,
-        "environment": environment.describe(),
-        "framework": run_kind.detect(),  # compare's advice fits the run (rank 0's wins)
-    }
 
 
 def act(report: AuditReport, mode: str, strict: bool = False, stacklevel: int = 3) -> None:
