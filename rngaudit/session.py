@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -215,68 +216,49 @@ class Session:
         block raised, so a failure to conclude is logged and None returned (the user's
         exception propagates unchanged).
         """
-        if close:
-            built: list[Any] = []
-            try:
-                events = RECORDER.events_since(window)
-                loaders = summarize_loaders(RECORDER, events)
-                built = RECORDER.built_loaders()
-            finally:
-                exit_states = RECORDER.end(window)  # undoes every patch at the outermost window
-                if on_closed is not None:
-                    on_closed(built)
-            concluded = self._conclude_window(
-                window.index,
-                label,
-                events,
-                loaders,
-                entry,
-                exit_states,
-                timeout,
-                strict,
-                False,
-                exception,
-                interrupted,
-                identity,
-                background_write,
-                on_concluded,
-                spare_user_exception,
-            )
-            if concluded is None:
-                return None
-            done = Finished(concluded, built, None, exit_states)
-            if on_concluded is not None:
-                on_concluded(done)
-        else:
-            with RECORDER.paused():
+        with contextlib.ExitStack() as kept_open:
+            if close:
+                built: list[Any] = []
+                try:
+                    events = RECORDER.events_since(window)
+                    loaders = summarize_loaders(RECORDER, events)
+                    built = RECORDER.built_loaders()
+                finally:
+                    exit_states = RECORDER.end(window)  # undoes every patch at the outermost
+                    if on_closed is not None:
+                        on_closed(built)
+            else:  # the window stays open, paused while this rank concludes
+                kept_open.enter_context(RECORDER.paused())
                 events = RECORDER.events_since(window)
                 loaders = summarize_loaders(RECORDER, events)
                 built = RECORDER.forget_loaders()  # each segment lists the loaders built in it
                 exit_states = RECORDER.snapshot()
-                concluded = self._conclude_window(
+            states = {"entry": entry, "exit": exit_states}
+            record = rank_record(
+                label, events, loaders, states, from_start=not close, exception=exception
+            )
+            try:
+                report = self.conclude(
                     window.index,
                     label,
-                    events,
-                    loaders,
-                    entry,
-                    exit_states,
+                    record,
                     timeout,
-                    strict,
-                    True,
-                    exception,
-                    interrupted,
-                    identity,
-                    background_write,
-                    on_concluded,
-                    spare_user_exception,
+                    strict=strict,
+                    identity=identity,
+                    interrupted=interrupted,
+                    background_write=background_write,
                 )
-                if concluded is None:
-                    return None
-                segment = RECORDER.new_segment(window, self.reserve())
-                done = Finished(concluded, built, segment, exit_states)
+            except BaseException as failure:
                 if on_concluded is not None:
-                    on_concluded(done)
-        report = done.report
+                    on_concluded(None)
+                if spare_user_exception and isinstance(failure, Exception):
+                    log.warning("rngaudit: could not conclude the audit", exc_info=True)
+                    return None
+                raise
+            segment = None if close else RECORDER.new_segment(window, self.reserve())
+            done = Finished(report, built, segment, exit_states)
+            if on_concluded is not None:
+                on_concluded(done)
         try:
             if acting:
                 acting_strict = bool(report.audits[-1].get("strict", strict))
@@ -284,48 +266,6 @@ class Session:
         finally:
             report.findings.extend(local_findings or ())
         return done
-
-    def _conclude_window(
-        self,
-        index: int,
-        label: str,
-        events: list[records.Event],
-        loaders: list[records.Loader],
-        entry: dict[str, str | None],
-        exit_states: dict[str, str | None],
-        timeout: float,
-        strict: bool,
-        from_start: bool,
-        exception: str | None,
-        interrupted: bool,
-        identity: str | None,
-        background_write: bool,
-        on_concluded: Callable[[Finished | None], None] | None,
-        spare_user_exception: bool,
-    ) -> AuditReport | None:
-        states = {"entry": entry, "exit": exit_states}
-        record = rank_record(
-            label, events, loaders, states, from_start=from_start, exception=exception
-        )
-        try:
-            report = self.conclude(
-                index,
-                label,
-                record,
-                timeout,
-                strict=strict,
-                identity=identity,
-                interrupted=interrupted,
-                background_write=background_write,
-            )
-        except BaseException as failure:
-            if on_concluded is not None:
-                on_concluded(None)
-            if spare_user_exception and isinstance(failure, Exception):
-                log.warning("rngaudit: could not conclude the audit", exc_info=True)
-                return None
-            raise
-        return report
 
     def _repeats_info(self, finding: Finding) -> bool:
         """An info finding already made, word for word but the audit, by an earlier audit."""
