@@ -6,9 +6,8 @@ import os
 import socket
 from typing import Any, Literal
 
-from rngaudit import environment, naming, records, run_kind
+from rngaudit import environment, naming, records, run_kind, sharding
 from rngaudit import events as events_mod
-from rngaudit.instrument.loaders import sampler_chain
 from rngaudit.recorder import RECORDER, Recorder
 
 
@@ -68,7 +67,7 @@ def summarize_loaders(rec: Recorder, events: list[records.Event]) -> list[record
     out: list[records.Loader] = []
     for loader in rec.new_loaders:
         name = rec.loaders.name(type(loader).__name__, id(loader), loader)
-        chain = sampler_chain(loader)
+        chain = sharding.loader_chain(loader)
         generator = None
         for sampler in reversed(chain):
             generator = getattr(sampler, "generator", None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from rngaudit import sharding
 from rngaudit.instrument import samplers as instrument_samplers
 from rngaudit.recorder import Recorder
 
@@ -13,7 +14,6 @@ LOADER_CLASSES = (
     ("torch.utils.data.dataloader", "DataLoader"),
     ("torchdata.stateful_dataloader.stateful_dataloader", "StatefulDataLoader"),
 )
-_MAX_DEPTH = 6
 
 
 def install(rec: Recorder) -> None:
@@ -40,7 +40,7 @@ def _register(rec: Recorder) -> Any:
 
 def mark_chain(rec: Recorder, loader: Any) -> None:
     """Mark the samplers of ``loader`` (a user's own among them) until the window closes."""
-    mark_samplers(rec, sampler_chain(loader))
+    mark_samplers(rec, sharding.loader_chain(loader))
 
 
 def mark_samplers(rec: Recorder, samplers: list[Any]) -> None:
@@ -50,13 +50,3 @@ def mark_samplers(rec: Recorder, samplers: list[Any]) -> None:
     except Exception:  # never break the loader over attribution
         return
     rec.patches.mark(codes)
-
-
-def sampler_chain(loader: Any) -> list[Any]:
-    """The loader's batch sampler and the samplers inside it, outermost first."""
-    chain: list[Any] = []
-    node = getattr(loader, "batch_sampler", None) or getattr(loader, "sampler", None)
-    while node is not None and len(chain) < _MAX_DEPTH and all(node is not c for c in chain):
-        chain.append(node)
-        node = getattr(node, "batch_sampler", None) or getattr(node, "sampler", None)
-    return chain
