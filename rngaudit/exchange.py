@@ -172,6 +172,11 @@ def _decide(store: Any, keys: _Keys, decision: dict[str, Any]) -> dict[str, Any]
     return dict(json.loads(bytes(won).decode()))
 
 
+def _interrupted(rank: int) -> dict[str, Any]:
+    """The decision of a rank that leaves on a KeyboardInterrupt."""
+    return {"kind": "interrupted", "by": rank, "ranks": {}}
+
+
 def _read_decision(store: Any, keys: _Keys) -> dict[str, Any] | None:
     if not store.check([keys.decision]):
         return None
@@ -273,6 +278,9 @@ def exchange_on(
     """:func:`exchange` through a given store, as ``rank`` of ``world`` (the benchmark
     simulates thousands of ranks this way; ``payload``: the record already encoded)."""
     start = time.monotonic()
+    if leave:  # decided before this rank's arrival can complete the count: otherwise rank 0
+        # may decide "complete" first, and report a rank that raised, not one interrupted
+        _decide(store, _Keys(key), _interrupted(rank))
     written = publish(store, rank, world, key, record, dict(info or {}), fetch_all, payload)
     every = fetch_all or (report_all and world <= FETCH_ALL_MAX)
     return collect(store, rank, world, record, key, timeout, every, leave, start, written)
@@ -297,12 +305,12 @@ def collect(
     pending = PENDING.setdefault((id(store), rank), Pending())
     try:
         if leave:
-            decision = _decide(store, keys, {"kind": "interrupted", "by": rank, "ranks": {}})
+            decision = _decide(store, keys, _interrupted(rank))
         else:
             try:
                 decision = _await_decision(store, keys, key, rank, world, timeout, start)
             except KeyboardInterrupt:
-                _decide(store, keys, {"kind": "interrupted", "by": rank, "ranks": {}})
+                _decide(store, keys, _interrupted(rank))
                 raise
     finally:
         store.add(WAITING, -1)
