@@ -11,7 +11,7 @@ import weakref
 from collections.abc import Callable
 from contextlib import ContextDecorator
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 from rngaudit import config, epoch_check, session
 from rngaudit import instrument as instrumentation  # noqa: F401  (registers the installer)
@@ -25,6 +25,16 @@ from rngaudit.session import act
 
 log = logging.getLogger("rngaudit")
 _F = TypeVar("_F", bound=Callable[..., Any])
+
+
+class WindowOptions(TypedDict, total=False):
+    """The keyword arguments of :func:`audit` that a framework callback takes too
+    (``RNGAuditCallback(mode="warn")``); their defaults are :class:`Audit`'s."""
+
+    mode: str
+    report_dir: str | os.PathLike[str] | None
+    timeout: float | None
+    strict: bool
 
 
 def audit(

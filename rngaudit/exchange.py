@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, ClassVar
@@ -172,6 +172,11 @@ def _decide(store: Any, keys: _Keys, decision: dict[str, Any]) -> dict[str, Any]
     return dict(json.loads(bytes(won).decode()))
 
 
+def _interrupted(rank: int) -> dict[str, Any]:
+    """The decision of a rank that leaves on a KeyboardInterrupt."""
+    return {"kind": "interrupted", "by": rank, "ranks": {}}
+
+
 def _read_decision(store: Any, keys: _Keys) -> dict[str, Any] | None:
     if not store.check([keys.decision]):
         return None
@@ -273,6 +278,9 @@ def exchange_on(
     """:func:`exchange` through a given store, as ``rank`` of ``world`` (the benchmark
     simulates thousands of ranks this way; ``payload``: the record already encoded)."""
     start = time.monotonic()
+    if leave:  # decided before this rank's arrival can complete the count: otherwise rank 0
+        # may decide "complete" first, and report a rank that raised, not one interrupted
+        _decide(store, _Keys(key), _interrupted(rank))
     written = publish(store, rank, world, key, record, dict(info or {}), fetch_all, payload)
     every = fetch_all or (report_all and world <= FETCH_ALL_MAX)
     return collect(store, rank, world, record, key, timeout, every, leave, start, written)
@@ -297,12 +305,12 @@ def collect(
     pending = PENDING.setdefault((id(store), rank), Pending())
     try:
         if leave:
-            decision = _decide(store, keys, {"kind": "interrupted", "by": rank, "ranks": {}})
+            decision = _decide(store, keys, _interrupted(rank))
         else:
             try:
                 decision = _await_decision(store, keys, key, rank, world, timeout, start)
             except KeyboardInterrupt:
-                _decide(store, keys, {"kind": "interrupted", "by": rank, "ranks": {}})
+                _decide(store, keys, _interrupted(rank))
                 raise
     finally:
         store.add(WAITING, -1)
@@ -333,25 +341,48 @@ def _await_decision(
     if decision is not None:
         return decision  # arrived after the others decided (timed out, interrupted)
     if rank == 0:
-        waiter = _Waiter(store, keys.all, timeout - (time.monotonic() - start))
-        while True:
-            if waiter.wait(SLICE) and waiter.found:
-                return _decide(store, keys, _complete(store, keys, world))
+
+        def complete() -> dict[str, Any]:
+            return _decide(store, keys, _complete(store, keys, world))
+
+        def meanwhile() -> dict[str, Any] | None:
             decision = _read_decision(store, keys)
-            if decision is not None:
-                return decision
-            mismatch = _mismatch(store, keys, key, world)
-            if mismatch is not None:
-                return mismatch
-            if time.monotonic() - start >= timeout:
-                return _decide(store, keys, _abandoned(store, keys, world, rank))
-    waiter = _Waiter(store, keys.decision, timeout + GRACE - (time.monotonic() - start))
+            return decision if decision is not None else _mismatch(store, keys, key, world)
+
+        return _wait_for(store, keys, keys.all, rank, world, start, timeout, complete, meanwhile)
+
+    def decided() -> dict[str, Any]:
+        decision = _read_decision(store, keys)
+        assert decision is not None
+        return decision
+
+    # after timeout + GRACE rank 0 is missing: the first of the others decides without it
+    return _wait_for(store, keys, keys.decision, rank, world, start, timeout + GRACE, decided)
+
+
+def _wait_for(
+    store: Any,
+    keys: _Keys,
+    awaited: str,
+    rank: int,
+    world: int,
+    start: float,
+    limit: float,
+    found: Callable[[], dict[str, Any]],
+    meanwhile: Callable[[], dict[str, Any] | None] | None = None,
+) -> dict[str, Any]:
+    """Wait for the key ``awaited`` in ``SLICE`` slices (a KeyboardInterrupt surfaces within
+    one): ``found()`` once it is set; between slices, the decision ``meanwhile()`` returns,
+    if any; ``limit`` seconds after ``start``, decide the exchange abandoned."""
+    waiter = _Waiter(store, awaited, limit - (time.monotonic() - start))
     while True:
         if waiter.wait(SLICE) and waiter.found:
-            decision = _read_decision(store, keys)
-            assert decision is not None
-            return decision
-        if time.monotonic() - start >= timeout + GRACE:  # rank 0 is missing: decide without it
+            return found()
+        if meanwhile is not None:
+            decision = meanwhile()
+            if decision is not None:
+                return decision
+        if time.monotonic() - start >= limit:
             return _decide(store, keys, _abandoned(store, keys, world, rank))
 
 

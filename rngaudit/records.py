@@ -57,7 +57,7 @@ class _LoaderBase(TypedDict):
 
 
 class Loader(_LoaderBase, total=False):
-    """A DataLoader built in an audit window (``instrument_loaders.summarize``)."""
+    """A DataLoader built in an audit window (``record.summarize_loaders``)."""
 
     audit: int  # added when the rank file accumulates audits
 
@@ -74,7 +74,7 @@ class EnvironmentDict(TypedDict):
 class RankRecord(TypedDict, total=False):
     """One rank's record: exchanged and compared per audit, accumulated in its rank file.
 
-    ``session.rank_record`` builds pid..framework; the session adds rank, run_id, audit_index
+    ``record.rank_record`` builds pid..framework; the session adds rank, run_id, audit_index
     and signature before the exchange. A rank whose record was not fetched (equal to another)
     arrives as a stub: rank, signature, same_as and an empty events list. The rank file and
     the merged report's ``ranks`` keep rank, pid, host, events, loaders, states, run_id,

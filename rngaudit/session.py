@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
-import socket
 import sys
 import threading
 import warnings
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from rngaudit import compare, environment, exchange, records, run_kind
+from rngaudit import compare, exchange, records
 from rngaudit import report_write as report_files
 from rngaudit.errors import (
     RNGAuditError,
@@ -23,7 +23,7 @@ from rngaudit.errors import (
     RNGDivergenceError,
 )
 from rngaudit.findings import RANK_MISSING, Finding, verdict_of
-from rngaudit.instrument import loaders as instrument_loaders
+from rngaudit.record import merge_deferred, rank_record, summarize_loaders
 from rngaudit.recorder import RECORDER, Window
 from rngaudit.report import SCHEMA_VERSION, AuditReport
 
@@ -127,7 +127,7 @@ class Session:
             with self._lock:
                 pending, self.pending = self.pending, []
             deferred = [lbl for _, lbl, _ in pending]
-            record = _merge_records([rec for _, _, rec in pending], record, index)
+            record = merge_deferred([rec for _, _, rec in pending], record, index)
         if where is not None:
             self.rank, self.world_size = where
             self.joined = True
@@ -217,68 +217,49 @@ class Session:
         block raised, so a failure to conclude is logged and None returned (the user's
         exception propagates unchanged).
         """
-        if close:
-            built: list[Any] = []
-            try:
+        with contextlib.ExitStack() as kept_open:
+            if close:
+                built: list[Any] = []
+                try:
+                    events = RECORDER.events_since(window)
+                    loaders = summarize_loaders(RECORDER, events)
+                    built = RECORDER.built_loaders()
+                finally:
+                    exit_states = RECORDER.end(window)  # undoes every patch at the outermost
+                    if on_closed is not None:
+                        on_closed(built)
+            else:  # the window stays open, paused while this rank concludes
+                kept_open.enter_context(RECORDER.paused())
                 events = RECORDER.events_since(window)
-                loaders = instrument_loaders.summarize(RECORDER, events)
-                built = RECORDER.built_loaders()
-            finally:
-                exit_states = RECORDER.end(window)  # undoes every patch at the outermost window
-                if on_closed is not None:
-                    on_closed(built)
-            concluded = self._conclude_window(
-                window.index,
-                label,
-                events,
-                loaders,
-                entry,
-                exit_states,
-                timeout,
-                strict,
-                False,
-                exception,
-                interrupted,
-                identity,
-                background_write,
-                on_concluded,
-                spare_user_exception,
-            )
-            if concluded is None:
-                return None
-            done = Finished(concluded, built, None, exit_states)
-            if on_concluded is not None:
-                on_concluded(done)
-        else:
-            with RECORDER.paused():
-                events = RECORDER.events_since(window)
-                loaders = instrument_loaders.summarize(RECORDER, events)
+                loaders = summarize_loaders(RECORDER, events)
                 built = RECORDER.forget_loaders()  # each segment lists the loaders built in it
                 exit_states = RECORDER.snapshot()
-                concluded = self._conclude_window(
+            states = {"entry": entry, "exit": exit_states}
+            record = rank_record(
+                label, events, loaders, states, from_start=not close, exception=exception
+            )
+            try:
+                report = self.conclude(
                     window.index,
                     label,
-                    events,
-                    loaders,
-                    entry,
-                    exit_states,
+                    record,
                     timeout,
-                    strict,
-                    True,
-                    exception,
-                    interrupted,
-                    identity,
-                    background_write,
-                    on_concluded,
-                    spare_user_exception,
+                    strict=strict,
+                    identity=identity,
+                    interrupted=interrupted,
+                    background_write=background_write,
                 )
-                if concluded is None:
-                    return None
-                segment = RECORDER.new_segment(window, self.reserve())
-                done = Finished(concluded, built, segment, exit_states)
+            except BaseException as failure:
                 if on_concluded is not None:
-                    on_concluded(done)
-        report = done.report
+                    on_concluded(None)
+                if spare_user_exception and isinstance(failure, Exception):
+                    log.warning("rngaudit: could not conclude the audit", exc_info=True)
+                    return None
+                raise
+            segment = None if close else RECORDER.new_segment(window, self.reserve())
+            done = Finished(report, built, segment, exit_states)
+            if on_concluded is not None:
+                on_concluded(done)
         try:
             if acting:
                 acting_strict = bool(report.audits[-1].get("strict", strict))
@@ -286,48 +267,6 @@ class Session:
         finally:
             report.findings.extend(local_findings or ())
         return done
-
-    def _conclude_window(
-        self,
-        index: int,
-        label: str,
-        events: list[records.Event],
-        loaders: list[records.Loader],
-        entry: dict[str, str | None],
-        exit_states: dict[str, str | None],
-        timeout: float,
-        strict: bool,
-        from_start: bool,
-        exception: str | None,
-        interrupted: bool,
-        identity: str | None,
-        background_write: bool,
-        on_concluded: Callable[[Finished | None], None] | None,
-        spare_user_exception: bool,
-    ) -> AuditReport | None:
-        states = {"entry": entry, "exit": exit_states}
-        record = rank_record(
-            label, events, loaders, states, from_start=from_start, exception=exception
-        )
-        try:
-            report = self.conclude(
-                index,
-                label,
-                record,
-                timeout,
-                strict=strict,
-                identity=identity,
-                interrupted=interrupted,
-                background_write=background_write,
-            )
-        except BaseException as failure:
-            if on_concluded is not None:
-                on_concluded(None)
-            if spare_user_exception and isinstance(failure, Exception):
-                log.warning("rngaudit: could not conclude the audit", exc_info=True)
-                return None
-            raise
-        return report
 
     def _repeats_info(self, finding: Finding) -> bool:
         """An info finding already made, word for word but the audit, by an earlier audit."""
@@ -464,57 +403,6 @@ def for_dir(report_dir: Path, mode: str) -> Session:
             session = _sessions[key] = Session(key, mode)
         session.mode = mode
         return session
-
-
-def _merge_records(
-    earlier: list[records.RankRecord], record: records.RankRecord, index: int
-) -> records.RankRecord:
-    """Deferred records and the current one as one record of audit ``index``: events in
-    order, entry states from the first, exit states from the last."""
-    chunks = [*earlier, record]
-    events: list[records.Event] = [
-        {**e, "audit": index} for rec in chunks for e in rec.get("events", [])
-    ]
-    loaders = [loader for rec in chunks for loader in rec.get("loaders", [])]
-    states = {
-        "entry": chunks[0].get("states", {}).get("entry", {}),
-        "exit": record.get("states", {}).get("exit", {}),
-    }
-    exception = next((rec["exception"] for rec in chunks if rec.get("exception")), None)
-    merged: records.RankRecord = {
-        **record,
-        "events": events,
-        "loaders": loaders,
-        "states": states,
-        "exception": exception,
-    }
-    merged["from_start"] = any(bool(rec.get("from_start")) for rec in chunks)
-    return merged
-
-
-def rank_record(
-    label: str,
-    events: list[records.Event],
-    loaders: list[records.Loader],
-    states: dict[str, Any],
-    *,
-    from_start: bool,
-    exception: str | None = None,
-) -> records.RankRecord:
-    """This rank's record of one audit window, as it is exchanged and compared."""
-    return {
-        "pid": os.getpid(),
-        "host": socket.gethostname(),
-        "label": label,
-        "events": events,
-        "loaders": loaders,
-        "states": states,
-        "initial_seeds": RECORDER.initial_seeds(),
-        "from_start": from_start,
-        "exception": exception,
-        "environment": environment.describe(),
-        "framework": run_kind.detect(),  # compare's advice fits the run (rank 0's wins)
-    }
 
 
 def act(report: AuditReport, mode: str, strict: bool = False, stacklevel: int = 3) -> None:

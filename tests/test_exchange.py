@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import torchrun
@@ -63,3 +64,34 @@ def test_a_rank_whose_block_raises_still_exchanges_so_nobody_waits(tmp_path: Pat
     assert r0["raised"] is None
     assert r0["elapsed"] < 30 and r1["elapsed"] < 30  # far below the 60 s timeout
     assert r0["report"] and r1["report"]
+
+
+class _RacingStore:
+    """A real store on which rank 0 decides "complete" the moment the arrivals are complete,
+    as it may when the leaving rank is descheduled right after its arrival."""
+
+    def __init__(self, key: str) -> None:
+        import torch.distributed as dist
+
+        self.real = dist.HashStore()  # type: ignore[attr-defined]
+        self.keys = exchange._Keys(key)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    def set(self, key: str, value: Any) -> None:
+        self.real.set(key, value)
+        if key == self.keys.all:
+            exchange._decide(self.real, self.keys, exchange._complete(self.real, self.keys, 2))
+
+
+def test_a_rank_leaving_on_ctrl_c_is_reported_interrupted_whoever_decides_first() -> None:
+    key = exchange.audit_key("audit at train.py:3", 0)
+    store = _RacingStore(key)
+    info = {"label": "audit at train.py:3", "mode": "raise"}
+    exchange.publish(store, 0, 2, key, {"signature": "s"}, dict(info, raised=None))
+    raised = dict(info, raised="KeyboardInterrupt: ")
+    left = exchange.exchange_on(store, 1, 2, {"signature": "s"}, key, 5.0, info=raised, leave=True)
+    assert (left.kind, left.interrupted) == ("interrupted", [1])
+    stayed = exchange.collect(store, 0, 2, {"signature": "s"}, key, 5.0)
+    assert (stayed.kind, stayed.interrupted) == ("interrupted", [1])

@@ -17,9 +17,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rngaudit
-from rngaudit.instrument.numpy_random import DRAWS as NUMPY_DRAWS
-from rngaudit.instrument.python_random import DRAWS as PY_DRAWS
+from rngaudit import epoch_check, patching
+from rngaudit.callsite import MARKED_CODES
 from rngaudit.instrument.torch_ops import intercepting
+from rngaudit.patching import ATTR, HOOK, MARKS, MISSING, Entry
+from rngaudit.recorder import RECORDER
+from rngaudit.workers import monitor as workers
 
 Op = Callable[[dict[str, Any]], Any]
 
@@ -96,78 +99,113 @@ def test_audited_and_unaudited_runs_draw_bit_identical_values(
     assert audited == plain
 
 
-def _patched_surface() -> dict[str, Any]:
-    """Every attribute any instrumentation patches, by identity."""
-    import numpy.random as npr
-    import torch.cuda
-    import torch.random
-
-    surface: dict[str, Any] = {}
-    for mod in (torch, torch.random, torch.cuda):
-        for name in (
-            "manual_seed",
-            "seed",
-            "set_rng_state",
-            "fork_rng",
-            "manual_seed_all",
-            "seed_all",
-            "set_rng_state_all",
-        ):
-            if hasattr(mod, name):
-                surface[f"{mod.__name__}.{name}"] = getattr(mod, name)
-    for name in (*PY_DRAWS, "seed", "setstate"):
-        if hasattr(random, name):
-            surface[f"random.{name}"] = getattr(random, name)
-        surface[f"Random.__dict__.{name}"] = random.Random.__dict__.get(name)
-    for name in (*NUMPY_DRAWS, "seed", "set_state", "default_rng"):
-        if hasattr(npr, name):
-            surface[f"numpy.random.{name}"] = getattr(npr, name)
-    return surface
+def _ledgers() -> list[Entry]:
+    """Every change open audit windows made, as their undo ledgers list it."""
+    return (
+        RECORDER.patches.entries() + epoch_check.GUARD.patches.entries() + workers.PATCHES.entries()
+    )
 
 
-def _assert_restored(before: dict[str, Any]) -> None:
-    after = _patched_surface()
-    assert after.keys() == before.keys()
-    for key, original in before.items():
-        assert after[key] is original, key
-    assert not intercepting()
+def _now(owner: Any, name: str) -> Any:
+    return vars(owner).get(name, MISSING)
 
 
-def test_originals_are_restored_after_a_normal_exit(report_dir: Path) -> None:
-    before = _patched_surface()
+def _draw_everywhere() -> None:
+    """A shuffling loader built and iterated (its samplers marked), every generator drawn."""
+    data = torch.utils.data.TensorDataset(torch.arange(8.0))
+    next(iter(torch.utils.data.DataLoader(data, shuffle=True, batch_size=2)))
+    torch.rand(1)
+    random.random()
+    np.random.random()
+
+
+@pytest.fixture(scope="module")
+def targets(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[Any, str]]:
+    """The attributes an audit window patches, as its ledgers list them (one window opened to
+    learn them: a loader built and iterated, every kind of generator drawn from)."""
+    marked = dict(MARKED_CODES.by_id)
+    with rngaudit.audit(mode="report", report_dir=tmp_path_factory.mktemp("learn")):
+        _draw_everywhere()
+        found = [(e.owner, e.name) for e in _ledgers() if e.kind == ATTR]
+    assert dict(MARKED_CODES.by_id) == marked
+    names = {f"{getattr(owner, '__name__', owner)}.{name}" for owner, name in found}
+    assert {"torch.manual_seed", "random.random", "DataLoader.__init__"} <= names
+    return found
+
+
+class Surface:
+    """The patched attributes, read before a window, in it and after it; checked by identity."""
+
+    def __init__(self, targets: list[tuple[Any, str]]) -> None:
+        self.before = {(id(o), n): (o, n, _now(o, n)) for o, n in targets}
+        self.marked = dict(MARKED_CODES.by_id)
+        self.entries: list[Entry] = []
+
+    def look_inside(self) -> None:
+        """In the window: every change the ledgers list is in place, over what was there."""
+        self.entries = _ledgers()
+        assert self.entries and intercepting()
+        for e in self.entries:
+            if e.kind == ATTR:
+                assert (id(e.owner), e.name) in self.before, (e.owner, e.name)
+                assert e.original is self.before[id(e.owner), e.name][2], (e.owner, e.name)
+                assert _now(e.owner, e.name) is not e.original, (e.owner, e.name)
+
+    def assert_restored(self) -> None:
+        """After the window: every attribute is what it was, every mark and hook gone."""
+        assert self.entries, "look_inside() was not called in the window"
+        assert not _ledgers() and not intercepting()
+        for owner, name, original in self.before.values():
+            assert _now(owner, name) is original, (owner, name)
+        assert dict(MARKED_CODES.by_id) == self.marked
+        for e in self.entries:
+            if e.kind == MARKS:
+                assert all(code not in MARKED_CODES for code in e.codes), e.codes
+            elif e.kind == HOOK:
+                assert all(cb is not e.original for cb in patching.routes(e.name)), e.name
+
+
+def test_originals_are_restored_after_a_normal_exit(
+    report_dir: Path, targets: list[tuple[Any, str]]
+) -> None:
+    surface = Surface(targets)
     with rngaudit.audit(report_dir=report_dir):
-        assert torch.manual_seed is not before["torch.manual_seed"]
-        assert random.random is not before["random.random"]
-        assert intercepting()
-        torch.rand(1)
-    _assert_restored(before)
+        _draw_everywhere()
+        surface.look_inside()
+        assert any(e.kind == MARKS for e in surface.entries)
+    surface.assert_restored()
 
 
 class Boom(Exception):
     pass
 
 
-def test_originals_are_restored_and_the_exception_propagates_unchanged(report_dir: Path) -> None:
-    before = _patched_surface()
+def test_originals_are_restored_and_the_exception_propagates_unchanged(
+    report_dir: Path, targets: list[tuple[Any, str]]
+) -> None:
+    surface = Surface(targets)
     boom = Boom("user error")
     with pytest.raises(Boom) as caught, rngaudit.audit(report_dir=report_dir) as a:
+        surface.look_inside()
         torch.rand(1)
         raise boom
     assert caught.value is boom
-    _assert_restored(before)
+    surface.assert_restored()
     assert a.report is not None  # the report is still written
     assert rngaudit.wait_for_reports()
     assert (report_dir / "report.json").exists()
 
 
-def test_originals_are_restored_after_nested_use(report_dir: Path) -> None:
-    before = _patched_surface()
+def test_originals_are_restored_after_nested_use(
+    report_dir: Path, targets: list[tuple[Any, str]]
+) -> None:
+    surface = Surface(targets)
     with rngaudit.audit(report_dir=report_dir):
         with rngaudit.audit(report_dir=report_dir):
             random.random()
-        assert random.random is not before["random.random"]  # outer window still open
+        surface.look_inside()  # the outer window is still open: everything still in place
         random.random()
-    _assert_restored(before)
+    surface.assert_restored()
 
 
 def test_an_audit_object_cannot_be_entered_twice(report_dir: Path) -> None:

@@ -1,12 +1,11 @@
-"""Loaders built inside the window: which sampler, which generator, whether it drew early."""
+"""Loaders built inside the window: registered with the recorder, their samplers marked."""
 
 from __future__ import annotations
 
 import sys
-from typing import Any, Literal
+from typing import Any
 
-from rngaudit import events as events_mod
-from rngaudit import naming, records
+from rngaudit import sharding
 from rngaudit.instrument import samplers as instrument_samplers
 from rngaudit.recorder import Recorder
 
@@ -15,7 +14,6 @@ LOADER_CLASSES = (
     ("torch.utils.data.dataloader", "DataLoader"),
     ("torchdata.stateful_dataloader.stateful_dataloader", "StatefulDataLoader"),
 )
-_MAX_DEPTH = 6
 
 
 def install(rec: Recorder) -> None:
@@ -42,7 +40,7 @@ def _register(rec: Recorder) -> Any:
 
 def mark_chain(rec: Recorder, loader: Any) -> None:
     """Mark the samplers of ``loader`` (a user's own among them) until the window closes."""
-    mark_samplers(rec, sampler_chain(loader))
+    mark_samplers(rec, sharding.loader_chain(loader))
 
 
 def mark_samplers(rec: Recorder, samplers: list[Any]) -> None:
@@ -52,59 +50,3 @@ def mark_samplers(rec: Recorder, samplers: list[Any]) -> None:
     except Exception:  # never break the loader over attribution
         return
     rec.patches.mark(codes)
-
-
-def sampler_chain(loader: Any) -> list[Any]:
-    """The loader's batch sampler and the samplers inside it, outermost first."""
-    chain: list[Any] = []
-    node = getattr(loader, "batch_sampler", None) or getattr(loader, "sampler", None)
-    while node is not None and len(chain) < _MAX_DEPTH and all(node is not c for c in chain):
-        chain.append(node)
-        node = getattr(node, "batch_sampler", None) or getattr(node, "sampler", None)
-    return chain
-
-
-def summarize(rec: Recorder, events: list[records.Event]) -> list[records.Loader]:
-    """One entry per loader built in the window (report field ``loaders``)."""
-    out: list[records.Loader] = []
-    for loader in rec.new_loaders:
-        name = rec.loaders.name(type(loader).__name__, id(loader), loader)
-        chain = sampler_chain(loader)
-        generator = None
-        for sampler in reversed(chain):
-            generator = getattr(sampler, "generator", None)
-            if generator is not None:
-                break
-        early = [
-            e
-            for e in events
-            if _sampler_field(e, "loader") == name and e["phase"] == events_mod.PRE_ITERATION
-        ]
-        out.append(
-            {
-                "loader": name,
-                "num_workers": int(getattr(loader, "num_workers", 0) or 0),
-                "sampler": " > ".join(type(s).__name__ for s in chain) or None,
-                "generator": _generator_name(rec, generator),
-                "drew_before_iteration": bool(early),
-                "fingerprint": early[0]["fingerprint"] if early else None,
-                "output_digest": _sampler_field(early[0], "output_digest") if early else None,
-            }
-        )
-    return out
-
-
-def _sampler_field(event: records.Event, key: Literal["loader", "output_digest"]) -> str | None:
-    """``event["sampler"][key]``, None when the draw was not for a sampler."""
-    sampler = event["sampler"]
-    return sampler[key] if sampler else None
-
-
-def _generator_name(rec: Recorder, generator: Any) -> str:
-    if generator is None:
-        return f"{naming.TORCH_DEFAULT} (no generator of its own)"
-    cdata = getattr(generator, "_cdata", None)
-    for name, obj in rec.names.items():
-        if getattr(obj, "_cdata", None) == cdata:
-            return name
-    return "torch.Generator (not drawn from in the window)"

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rngaudit.audit import Audit
+from rngaudit.audit import Audit, WindowOptions
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 class CallbackWindow:
@@ -15,20 +17,12 @@ class CallbackWindow:
     does; a window still open when the framework reports an exception is closed quietly.
     """
 
-    def __init__(
-        self,
-        mode: str = "raise",
-        report_dir: str | os.PathLike[str] | None = None,
-        timeout: float | None = None,
-        strict: bool = False,
-    ) -> None:
-        self._args: dict[str, Any] = {
-            "mode": mode,
-            "report_dir": report_dir,
-            "timeout": timeout,
-            "strict": strict,
-        }
-        Audit(**self._args)  # bad arguments fail here, when the callback is built
+    def __init__(self, **options: Unpack[WindowOptions]) -> None:
+        unknown = sorted(set(options) - WindowOptions.__optional_keys__)
+        if unknown:  # audit() takes more (every_epoch): not a callback's
+            raise TypeError(f"RNGAuditCallback() got an unexpected keyword argument {unknown[0]!r}")
+        self._options = options
+        Audit(**options)  # bad arguments fail here, when the callback is built
         self.audit: Audit | None = None
         self.done = False
 
@@ -39,7 +33,7 @@ class CallbackWindow:
 
     def open(self) -> None:
         if self.audit is None and not self.done:
-            self.audit = Audit(**self._args)
+            self.audit = Audit(**self._options)
             self.audit.__enter__()
 
     def close(self, exc: BaseException | None = None) -> None:

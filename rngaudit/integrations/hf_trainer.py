@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback
 
+from rngaudit.audit import WindowOptions
 from rngaudit.integrations._window import CallbackWindow
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 class RNGAuditCallback(TrainerCallback):  # type: ignore[misc]
@@ -19,15 +22,8 @@ class RNGAuditCallback(TrainerCallback):  # type: ignore[misc]
     ``train()`` are inside the window. Arguments are :func:`rngaudit.audit`'s.
     """
 
-    def __init__(
-        self,
-        *,
-        mode: str = "raise",
-        report_dir: str | os.PathLike[str] | None = None,
-        timeout: float | None = None,
-        strict: bool = False,
-    ) -> None:
-        self.window = CallbackWindow(mode, report_dir, timeout, strict)
+    def __init__(self, **options: Unpack[WindowOptions]) -> None:
+        self.window = CallbackWindow(**options)
 
     @property
     def report(self) -> Any:

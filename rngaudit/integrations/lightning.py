@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from rngaudit.audit import WindowOptions
 from rngaudit.integrations._window import CallbackWindow
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 try:  # the unified package first, then the standalone one; neither is a dependency
     from lightning.pytorch import Callback as _Callback
@@ -22,16 +25,9 @@ class RNGAuditCallback(_Callback):  # type: ignore[misc]
     inside the window. Arguments are :func:`rngaudit.audit`'s.
     """
 
-    def __init__(
-        self,
-        *,
-        mode: str = "raise",
-        report_dir: str | os.PathLike[str] | None = None,
-        timeout: float | None = None,
-        strict: bool = False,
-    ) -> None:
+    def __init__(self, **options: Unpack[WindowOptions]) -> None:
         super().__init__()
-        self.window = CallbackWindow(mode, report_dir, timeout, strict)
+        self.window = CallbackWindow(**options)
 
     @property
     def report(self) -> Any:

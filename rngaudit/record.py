@@ -1,0 +1,108 @@
+"""This rank's record of an audit window: its events, the loaders built in it, its states."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any, Literal
+
+from rngaudit import environment, naming, records, run_kind, sharding
+from rngaudit import events as events_mod
+from rngaudit.recorder import RECORDER, Recorder
+
+
+def rank_record(
+    label: str,
+    events: list[records.Event],
+    loaders: list[records.Loader],
+    states: dict[str, Any],
+    *,
+    from_start: bool,
+    exception: str | None = None,
+) -> records.RankRecord:
+    """This rank's record of one audit window, as it is exchanged and compared."""
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "label": label,
+        "events": events,
+        "loaders": loaders,
+        "states": states,
+        "initial_seeds": RECORDER.initial_seeds(),
+        "from_start": from_start,
+        "exception": exception,
+        "environment": environment.describe(),
+        "framework": run_kind.detect(),  # compare's advice fits the run (rank 0's wins)
+    }
+
+
+def merge_deferred(
+    earlier: list[records.RankRecord], record: records.RankRecord, index: int
+) -> records.RankRecord:
+    """Deferred records and the current one as one record of audit ``index``: events in
+    order, entry states from the first, exit states from the last."""
+    chunks = [*earlier, record]
+    events: list[records.Event] = [
+        {**e, "audit": index} for rec in chunks for e in rec.get("events", [])
+    ]
+    loaders = [loader for rec in chunks for loader in rec.get("loaders", [])]
+    states = {
+        "entry": chunks[0].get("states", {}).get("entry", {}),
+        "exit": record.get("states", {}).get("exit", {}),
+    }
+    exception = next((rec["exception"] for rec in chunks if rec.get("exception")), None)
+    merged: records.RankRecord = {
+        **record,
+        "events": events,
+        "loaders": loaders,
+        "states": states,
+        "exception": exception,
+    }
+    merged["from_start"] = any(bool(rec.get("from_start")) for rec in chunks)
+    return merged
+
+
+def summarize_loaders(rec: Recorder, events: list[records.Event]) -> list[records.Loader]:
+    """One entry per loader built in the window (report field ``loaders``)."""
+    out: list[records.Loader] = []
+    for loader in rec.new_loaders:
+        name = rec.loaders.name(type(loader).__name__, id(loader), loader)
+        chain = sharding.loader_chain(loader)
+        generator = None
+        for sampler in reversed(chain):
+            generator = getattr(sampler, "generator", None)
+            if generator is not None:
+                break
+        early = [
+            e
+            for e in events
+            if _sampler_field(e, "loader") == name and e["phase"] == events_mod.PRE_ITERATION
+        ]
+        out.append(
+            {
+                "loader": name,
+                "num_workers": int(getattr(loader, "num_workers", 0) or 0),
+                "sampler": " > ".join(type(s).__name__ for s in chain) or None,
+                "generator": _generator_name(rec, generator),
+                "drew_before_iteration": bool(early),
+                "fingerprint": early[0]["fingerprint"] if early else None,
+                "output_digest": _sampler_field(early[0], "output_digest") if early else None,
+            }
+        )
+    return out
+
+
+def _sampler_field(event: records.Event, key: Literal["loader", "output_digest"]) -> str | None:
+    """``event["sampler"][key]``, None when the draw was not for a sampler."""
+    sampler = event["sampler"]
+    return sampler[key] if sampler else None
+
+
+def _generator_name(rec: Recorder, generator: Any) -> str:
+    if generator is None:
+        return f"{naming.TORCH_DEFAULT} (no generator of its own)"
+    cdata = getattr(generator, "_cdata", None)
+    for name, obj in rec.names.items():
+        if getattr(obj, "_cdata", None) == cdata:
+            return name
+    return "torch.Generator (not drawn from in the window)"

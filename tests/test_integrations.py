@@ -1,0 +1,29 @@
+"""The framework callbacks take audit()'s window keywords, checked when the callback is built."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import pytest
+
+from rngaudit.audit import Audit, WindowOptions
+from rngaudit.errors import ConfigError
+
+
+def test_the_window_options_are_audits_keywords_but_every_epoch() -> None:
+    keywords = set(inspect.signature(Audit.__init__).parameters) - {"self"}
+    assert WindowOptions.__optional_keys__ == keywords - {"every_epoch"}
+
+
+@pytest.mark.parametrize("framework", ["lightning", "hf_trainer"])
+def test_a_callback_takes_the_window_options_and_refuses_others(framework: str) -> None:
+    cls: Any = pytest.importorskip(f"rngaudit.integrations.{framework}").RNGAuditCallback
+    built = cls(mode="warn", timeout=5.0, strict=True)
+    assert built.report is None  # nothing audited before the framework's hooks run
+    with pytest.raises(ConfigError, match="mode='bogus'"):
+        cls(mode="bogus")
+    with pytest.raises(TypeError, match="every_epoch"):
+        cls(every_epoch=True)
+    with pytest.raises(TypeError):
+        cls("warn")

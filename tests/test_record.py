@@ -1,0 +1,89 @@
+"""This rank's record of a window: deferred records merged, the loaders built in it summarised."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import rngaudit
+from rngaudit import records
+from rngaudit.events import DRAW, PRE_ITERATION
+from rngaudit.record import merge_deferred
+
+
+def _event(seq: int, audit: int) -> records.Event:
+    return {
+        "seq": seq,
+        "audit": audit,
+        "generator": "torch.default_generator",
+        "op": "aten::rand",
+        "kind": DRAW,
+        "call_site": None,
+        "chain": [],
+        "user_call_site": None,
+        "count": 1,
+        "fingerprint": "0000abcd",
+        "thread": "MainThread",
+        "pid": 1,
+        "phase": PRE_ITERATION,
+        "sampler": None,
+    }
+
+
+def test_deferred_records_merge_into_one_record_of_the_audit() -> None:
+    first: records.RankRecord = {
+        "events": [_event(1, 0)],
+        "loaders": [],
+        "states": {"entry": {"g": "00000001"}, "exit": {"g": "00000002"}},
+        "from_start": True,
+        "exception": None,
+    }
+    second: records.RankRecord = {
+        "events": [_event(2, 1)],
+        "loaders": [],
+        "states": {"entry": {"g": "00000002"}, "exit": {"g": "00000003"}},
+        "from_start": False,
+        "exception": "ValueError: late",
+    }
+    current: records.RankRecord = {
+        "label": "audit at train.py:9",
+        "events": [_event(3, 2)],
+        "states": {"entry": {"g": "00000003"}, "exit": {"g": "00000004"}},
+        "from_start": False,
+        "exception": None,
+    }
+    merged = merge_deferred([first, second], current, 2)
+    assert [(e["seq"], e["audit"]) for e in merged["events"]] == [(1, 2), (2, 2), (3, 2)]
+    assert merged["states"] == {"entry": {"g": "00000001"}, "exit": {"g": "00000004"}}
+    assert merged["exception"] == "ValueError: late"
+    assert merged["from_start"] is True
+    assert merged["label"] == "audit at train.py:9"
+
+
+class Wrap(torch.utils.data.Sampler[int]):
+    """A user's sampler around another (``.sampler``), as sampler wrappers are written."""
+
+    def __init__(self, inner: Any) -> None:
+        self.sampler = inner
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.sampler)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+
+def test_a_loaders_summary_names_the_first_eight_samplers_of_its_chain(report_dir: Path) -> None:
+    data = torch.utils.data.TensorDataset(torch.arange(8))
+    sampler: Any = torch.utils.data.RandomSampler(data)
+    for _ in range(9):
+        sampler = Wrap(sampler)
+    with rngaudit.audit(report_dir=report_dir, mode="report") as a:
+        loader = torch.utils.data.DataLoader(data, sampler=sampler, batch_size=2)
+    assert a.report is not None
+    (summary,) = a.report.ranks[0]["loaders"]
+    assert summary["sampler"] == " > ".join(["BatchSampler", *["Wrap"] * 7])
+    del loader
