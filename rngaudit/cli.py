@@ -32,7 +32,7 @@ from rngaudit.render_diff import render_diff_json, render_diff_markdown, render_
 from rngaudit.render_html import render_diff_html, render_html
 from rngaudit.report import AuditReport
 from rngaudit.report_read import find_report_files, load_report_dir
-from rngaudit.report_write import set_aside
+from rngaudit.report_write import set_aside, write_text
 
 OK, FINDINGS, UNUSABLE = 0, 1, 2  # exit statuses
 HTML_FILE = "report.html"  # what ``rngaudit run --html`` writes into the report directory
@@ -219,7 +219,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.html:
         page = directory / HTML_FILE
         try:
-            page.write_text(render_html(report), encoding="utf-8")
+            write_text(page, render_html(report), mkdir=False)
         except OSError as exc:
             raise ReportError(f"cannot write {page}: {exc.strerror or exc}") from None
         sys.stderr.write(f"rngaudit: HTML report: {page}\n")

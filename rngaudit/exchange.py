@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 import threading
 import time
@@ -44,6 +45,28 @@ def process_group() -> tuple[int, int] | None:
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return None
     return int(dist.get_rank()), int(dist.get_world_size())
+
+
+def launched_rank(environ: Mapping[str, str] | None = None) -> int:
+    """The rank the launcher announced (``RANK``), 0 when absent or unreadable."""
+    try:
+        return max(0, int((os.environ if environ is None else environ).get("RANK", "") or 0))
+    except ValueError:
+        return 0
+
+
+def launched_world_size(environ: Mapping[str, str] | None = None) -> int:
+    """The world size the launcher announced (``WORLD_SIZE``), 1 when absent or unreadable."""
+    try:
+        return max(1, int((os.environ if environ is None else environ).get("WORLD_SIZE", "") or 1))
+    except ValueError:
+        return 1
+
+
+def current_rank() -> int:
+    """This process's rank: the process group's when one exists, else the launcher's."""
+    where = process_group()
+    return launched_rank() if where is None else where[0]
 
 
 def distributed() -> tuple[int, int] | None:

@@ -49,15 +49,6 @@ def _new_run_id() -> str:
     return f"{_private_random.getrandbits(64):016x}"
 
 
-def launched_world_size(environ: Any = None) -> int:
-    """The world size the launcher announced (``WORLD_SIZE``), 1 when absent or unreadable."""
-    value = (os.environ if environ is None else environ).get("WORLD_SIZE", "")
-    try:
-        return max(1, int(value))
-    except ValueError:
-        return 1
-
-
 class Session:
     """Everything audited into one report directory by this process."""
 
@@ -65,11 +56,8 @@ class Session:
         self.report_dir = report_dir
         self.mode = mode
         self.run_id = _new_run_id()
-        try:
-            self.rank = int(os.environ.get("RANK", "0") or 0)
-        except ValueError:
-            self.rank = 0
-        self.world_size = launched_world_size()
+        self.rank = exchange.launched_rank()
+        self.world_size = exchange.launched_world_size()
         self.joined = False  # has exchanged through a process group: rank and world are known
         self.pending: list[tuple[int, str, records.RankRecord]] = []  # deferred: no group yet
         self._set_aside_for: str | None = None  # run id whose predecessors were moved away
@@ -113,7 +101,7 @@ class Session:
         joins the next audit concluded with a process group, and an empty report comes back.
         """
         where = exchange.process_group()
-        if where is None and not self.joined and launched_world_size() > 1:
+        if where is None and not self.joined and exchange.launched_world_size() > 1:
             with self._lock:
                 self.pending.append((index, label, record))
             return AuditReport(
@@ -336,7 +324,8 @@ class Session:
             labels = ", ".join(label for _, label, _ in self.pending)
             sys.stderr.write(
                 f"rngaudit: {len(self.pending)} audit(s) ({labels}) waited for a process group "
-                f"(WORLD_SIZE={launched_world_size()}) that was never created: not compared\n"
+                f"(WORLD_SIZE={exchange.launched_world_size()}) that was never created: "
+                "not compared\n"
             )
             self.pending = []
 

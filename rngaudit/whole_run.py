@@ -156,7 +156,7 @@ class WholeRun:
         """The training loader's first iteration ends the window: in a distributed run, a
         sharded loader that shuffles (or a sequential one's second epoch); evaluation, sanity
         check and unsharded loaders are recorded, not an end. Alone, any loader ends it."""
-        if exchange.distributed() is None and int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
+        if exchange.distributed() is None and exchange.launched_world_size() <= 1:
             return True
         if not sharding.loader_is_sharded(loader):
             return False

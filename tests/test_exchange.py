@@ -95,3 +95,11 @@ def test_a_rank_leaving_on_ctrl_c_is_reported_interrupted_whoever_decides_first(
     assert (left.kind, left.interrupted) == ("interrupted", [1])
     stayed = exchange.collect(store, 0, 2, {"signature": "s"}, key, 5.0)
     assert (stayed.kind, stayed.interrupted) == ("interrupted", [1])
+
+
+def test_the_launchers_rank_and_world_size_are_read_once_and_never_raise() -> None:
+    assert exchange.launched_rank({"RANK": "3"}) == 3
+    assert exchange.launched_world_size({"WORLD_SIZE": "8"}) == 8
+    for bad in ({}, {"RANK": "", "WORLD_SIZE": ""}, {"RANK": "x", "WORLD_SIZE": "-2"}):
+        assert exchange.launched_rank(bad) == 0
+        assert exchange.launched_world_size(bad) == 1

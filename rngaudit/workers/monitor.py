@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -14,6 +13,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from rngaudit import exchange
 from rngaudit.config import MODES
 from rngaudit.errors import ConfigError, RNGAuditWarning, WorkerDuplicateStreamError
 from rngaudit.findings import PERSISTENT_WORKER_STREAM, WORKER_DUPLICATE_STREAM, Finding
@@ -47,19 +47,6 @@ PERSISTENT_REMEDY = (
     "worker_init_fn) so that its stream no longer depends on persistent_workers; if it "
     "must live on the dataset, fold the epoch number into its seed."
 )
-
-
-def _current_rank() -> int:
-    dist = sys.modules.get("torch.distributed")
-    try:
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            return int(dist.get_rank())
-    except Exception:
-        pass
-    try:
-        return int(os.environ.get("RANK", "0"))
-    except ValueError:
-        return 0
 
 
 def _new_report_dir() -> str:
@@ -364,7 +351,7 @@ class _IteratorCheck:
                 self.num_workers,
                 self.persistent,
                 dataset=self.dataset,
-                rank=_current_rank(),
+                rank=exchange.current_rank(),
             )
         except Exception as exc:  # the check must never break training
             warnings.warn(
