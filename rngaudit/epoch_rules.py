@@ -157,20 +157,33 @@ def _dataset_finding(
             + (f", called from {format_site(user)}" if user else "")
             + f", from {split.get('generator')}."
         )
+    details = {
+        "loader": loader,
+        "epoch": epoch,
+        "datasets": {str(k): v for k, v in datasets.items()},
+    }
+    return _error(fk.DATASET_DIVERGENCE, lines, sorted(datasets), split, DATASET_REMEDY, details)
+
+
+def _error(
+    kind: str,
+    lines: list[str],
+    ranks: list[int],
+    draw: dict[str, Any] | None,
+    remedy: str,
+    details: dict[str, Any],
+) -> Finding:
+    """An error finding that names the draw (generator, library and user call sites) behind it."""
     return Finding(
-        kind=fk.DATASET_DIVERGENCE,
+        kind=kind,
         severity="error",
         message="\n".join(lines),
-        ranks=sorted(datasets),
-        generator=split.get("generator") if split else None,
-        call_site=split.get("call_site") if split else None,
-        user_call_site=split.get("user_call_site") if split else None,
-        remedy=DATASET_REMEDY,
-        details={
-            "loader": loader,
-            "epoch": epoch,
-            "datasets": {str(k): v for k, v in datasets.items()},
-        },
+        ranks=ranks,
+        generator=draw.get("generator") if draw else None,
+        call_site=draw.get("call_site") if draw else None,
+        user_call_site=draw.get("user_call_site") if draw else None,
+        remedy=remedy,
+        details=details,
     )
 
 
@@ -204,24 +217,15 @@ def _order_finding(
         "Each rank takes its share of a different permutation: this epoch duplicates some samples "
         "and drops others. Nothing else will report this."
     )
-    return Finding(
-        kind=fk.SAMPLER_DRAW_DIVERGENCE,
-        severity="error",
-        message="\n".join(lines),
-        ranks=sorted(orders),
-        generator=draw.get("generator") if draw else None,
-        call_site=draw.get("call_site") if draw else None,
-        user_call_site=draw.get("user_call_site") if draw else None,
-        remedy=remedy,
-        details={
-            "loader": loader,
-            "epoch": epoch,
-            "sampler": chain,
-            "check": "epoch-order",
-            "differs": differs,
-            "first_batches": {str(r): (o[0] if o else None) for r, o in sorted(orders.items())},
-        },
-    )
+    details = {
+        "loader": loader,
+        "epoch": epoch,
+        "sampler": chain,
+        "check": "epoch-order",
+        "differs": differs,
+        "first_batches": {str(r): (o[0] if o else None) for r, o in sorted(orders.items())},
+    }
+    return _error(fk.SAMPLER_DRAW_DIVERGENCE, lines, sorted(orders), draw, remedy, details)
 
 
 def repeated(record: dict[str, Any], previous: dict[str, Any] | None) -> Finding | None:
