@@ -23,8 +23,8 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy --strict rngaudit tests
 
-# Branch coverage of rngaudit, subprocesses included (torchrun ranks, DataLoader workers, the
-# RNGAUDIT start-up hook): [tool.coverage.run] patch = ["subprocess"] in pyproject.toml.
+# Branch coverage of rngaudit, subprocesses included (torchrun ranks, spawned DataLoader workers,
+# the RNGAUDIT start-up hook): [tool.coverage.run] patch = ["subprocess"] in pyproject.toml.
 unit: $(STAMP)
 	rm -f .coverage .coverage.*
 	$(VENV)/bin/coverage run -m pytest -q -p no:cacheprovider

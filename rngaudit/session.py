@@ -30,6 +30,9 @@ from rngaudit.report import SCHEMA_VERSION, AuditReport
 _private_random = random.Random(os.urandom(8))  # never the user's generators
 _sessions: dict[Path, Session] = {}
 _lock = threading.Lock()
+# Exchanges per audit identity (label) in this process, whatever the report directory: the
+# store keys of two sessions audited at one line must differ (they share one store).
+_occurrences: dict[str, int] = {}
 log = logging.getLogger("rngaudit")
 
 
@@ -65,7 +68,6 @@ class Session:
         self.findings: list[Finding] = []
         self.records: dict[int, records.RankRecord] = {}
         self._next_index = 0
-        self._occurrences: dict[str, int] = {}  # exchanges per audit identity (label)
         self._lock = threading.RLock()
 
     def reserve(self) -> int:
@@ -122,9 +124,9 @@ class Session:
         record = {**record, "rank": self.rank, "run_id": self.run_id, "audit_index": index}
         record["signature"] = compare.signature(record)  # lets compare() group equal ranks
         name = identity or label
-        with self._lock:
-            occurrence = self._occurrences.get(name, 0)
-            self._occurrences[name] = occurrence + 1
+        with _lock:
+            occurrence = _occurrences.get(name, 0)
+            _occurrences[name] = occurrence + 1
         key = exchange.audit_key(name, occurrence) if exchange.distributed() else "local"
         declared = self.mode + ("+strict" if strict else "")
         info = {"label": label, "mode": declared, "raised": record.get("exception")}

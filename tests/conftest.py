@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -10,6 +11,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Everything imported so far (torch, the test modules) lives to the end: leave it out of
+    every later ``gc.collect()``, which then takes milliseconds instead of ~0.3 s."""
+    gc.freeze()
 
 
 @pytest.fixture

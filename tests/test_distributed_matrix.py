@@ -1,4 +1,8 @@
-"""Real 2-rank torchrun scenarios: the audit's verdict must match the epoch-0 partition measured."""
+"""Real 2-rank torchrun scenarios: the audit's verdict must match the epoch-0 partition measured.
+
+Two launches run every scenario in tests/distributed/scenarios.py in turn: audited, and (the
+deterministic ones) without rngaudit.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ pytestmark = pytest.mark.timeout(600)
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "distributed" / "scenarios.py"
 NPROC = 2
-RUN_TIMEOUT_S = 180
+RUN_TIMEOUT_S = 400
 # RNGAUDIT_MATRIX_NO_AUDIT=1: run the scenarios without rngaudit and check only the partition.
 NO_AUDIT = os.environ.get("RNGAUDIT_MATRIX_NO_AUDIT", "") not in ("", "0")
 
@@ -72,10 +76,11 @@ class Run:
         return self.results
 
 
-def _launch(scenario: str, outdir: Path, audit: bool) -> Run:
+def _launch(scenarios: list[str], outdir: Path, audit: bool) -> dict[str, Run]:
+    """One torchrun launch running ``scenarios`` in turn; results in ``outdir/<scenario>/``."""
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
-        f"--nproc_per_node={NPROC}", str(SCRIPT), scenario, str(outdir),
+        f"--nproc_per_node={NPROC}", str(SCRIPT), ",".join(scenarios), str(outdir),
     ]  # fmt: skip
     if not audit:
         cmd.append("--no-audit")
@@ -97,25 +102,30 @@ def _launch(scenario: str, outdir: Path, audit: bool) -> Run:
             os.killpg(proc.pid, signal.SIGKILL)
             output, _ = proc.communicate()
         output += f"\n[test] killed after {RUN_TIMEOUT_S} s"
-    run = Run(scenario, outdir, proc.returncode, output, time.perf_counter() - t0)
-    for rank in range(NPROC):
-        path = outdir / f"result-rank{rank}.json"
-        if path.is_file():
-            run.results[rank] = json.loads(path.read_text())
-    return run
+    seconds = time.perf_counter() - t0
+    runs = {}
+    for scenario in scenarios:
+        run = Run(scenario, outdir / scenario, proc.returncode, output, seconds)
+        for rank in range(NPROC):
+            path = run.outdir / f"result-rank{rank}.json"
+            if path.is_file():
+                run.results[rank] = json.loads(path.read_text())
+        runs[scenario] = run
+    return runs
 
 
 @pytest.fixture(scope="module")
 def run_scenario(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """One torchrun launch per scenario (and audit on/off), shared by the tests that need it."""
-    cache: dict[tuple[str, bool], Run] = {}
+    """Two torchrun launches in all, shared by every test: every scenario audited, in turn, and
+    the deterministic ones without rngaudit (each scenario starts from a fresh process's RNG)."""
+    cache: dict[bool, dict[str, Run]] = {}
 
     def get(scenario: str, audit: bool = not NO_AUDIT) -> Run:
-        key = (scenario, audit)
-        if key not in cache:
-            outdir = tmp_path_factory.mktemp(scenario + ("" if audit else "-noaudit"))
-            cache[key] = _launch(scenario, outdir, audit)
-        return cache[key]
+        if audit not in cache:
+            names = ALL if audit or NO_AUDIT else DETERMINISTIC
+            outdir = tmp_path_factory.mktemp("matrix" + ("" if audit else "-noaudit"))
+            cache[audit] = _launch(names, outdir, audit)
+        return cache[audit][scenario]
 
     return get
 

@@ -35,7 +35,7 @@ def test_a_rank_that_never_arrives_is_named_and_nobody_hangs(tmp_path: Path) -> 
     assert result["missing"] == [1]
     assert "Rank(s) 1 did not arrive" in result["message"]
     assert result["kinds"] == ["rank-missing"]
-    assert result["elapsed"] >= 3  # waited for the timeout (rank 1 leaves only after rank 0)
+    assert result["elapsed"] >= 1  # waited for the timeout (rank 1 leaves only after rank 0)
     merged = json.loads((tmp_path / "report" / "report.json").read_text())
     assert merged["verdict"] == "error"
     assert [f["kind"] for f in merged["findings"]] == ["rank-missing"]

@@ -1,5 +1,8 @@
 """The exchange's protocol under real 2-rank torchrun runs: same verdict on every rank, whatever
-goes wrong (an audit on one rank only, a late rank, other modes, an exception, Ctrl-C)."""
+goes wrong (an audit on one rank only, a late rank, other modes, an exception, Ctrl-C).
+
+One launch runs the scenarios without a signal in turn (SHARED); each Ctrl-C scenario has its own.
+"""
 
 from __future__ import annotations
 
@@ -12,13 +15,28 @@ from conftest import torchrun
 
 pytestmark = pytest.mark.timeout(300)
 SCRIPT = "tests/distributed/exchange_protocol.py"
+SHARED = ["modes", "raised", "late_rank1", "late_rank0", "rank0_only"]
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The directory of one launch that ran every SHARED scenario (``<dir>/<scenario>/``)."""
+    root = tmp_path_factory.mktemp("protocol")
+    proc = torchrun(SCRIPT, ",".join(SHARED), str(root))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return root
+
+
+def results(outdir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    r0, r1 = (json.loads((outdir / f"result-{r}.json").read_text()) for r in (0, 1))
+    return r0, r1
 
 
 def run(scenario: str, tmp_path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A launch of its own for ``scenario``; its results (and report) in ``tmp_path/scenario``."""
     proc = torchrun(SCRIPT, scenario, str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-4000:]
-    r0, r1 = (json.loads((tmp_path / f"result-{r}.json").read_text()) for r in (0, 1))
-    return r0, r1
+    return results(tmp_path / scenario)
 
 
 def by_name(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -41,8 +59,8 @@ def finding(entry: dict[str, Any], kind: str) -> dict[str, Any]:
     return first
 
 
-def test_an_audit_on_rank0_only_is_named_and_shifts_nothing_after_it(tmp_path: Path) -> None:
-    r0, r1 = run("rank0_only", tmp_path)
+def test_an_audit_on_rank0_only_is_named_and_shifts_nothing_after_it(shared: Path) -> None:
+    r0, r1 = results(shared / "rank0_only")
     a0, a1 = by_name(r0), by_name(r1)
     mismatch = finding(a0["A"], "audit-mismatch")
     assert mismatch["severity"] == "warning"
@@ -63,9 +81,9 @@ def test_an_audit_on_rank0_only_is_named_and_shifts_nothing_after_it(tmp_path: P
 
 @pytest.mark.parametrize("late", [1, 0])
 def test_a_rank_arriving_just_after_the_timeout_reaches_the_same_verdict(
-    tmp_path: Path, late: int
+    shared: Path, late: int
 ) -> None:
-    r0, r1 = run(f"late_rank{late}", tmp_path)
+    r0, r1 = results(shared / f"late_rank{late}")
     on_time = (r1 if late == 0 else r0)["audits"][0]
     tardy = (r0 if late == 0 else r1)["audits"][0]
     for entry in (on_time, tardy):
@@ -76,8 +94,8 @@ def test_a_rank_arriving_just_after_the_timeout_reaches_the_same_verdict(
     assert tardy["elapsed"] < 2  # it learnt the decision at once, it did not wait again
 
 
-def test_ranks_in_different_modes_all_act_on_the_strictest(tmp_path: Path) -> None:
-    r0, r1 = run("modes", tmp_path)
+def test_ranks_in_different_modes_all_act_on_the_strictest(shared: Path) -> None:
+    r0, r1 = results(shared / "modes")
     for r in (r0, r1):
         entry = r["audits"][0]
         assert entry["raised"] == "RNGDivergenceError", entry  # rank 1 asked for warn
@@ -88,8 +106,8 @@ def test_ranks_in_different_modes_all_act_on_the_strictest(tmp_path: Path) -> No
     assert same(r0["audits"][0], r1["audits"][0])
 
 
-def test_a_rank_that_raised_in_the_block_is_reported_as_such(tmp_path: Path) -> None:
-    r0, r1 = run("raised", tmp_path)
+def test_a_rank_that_raised_in_the_block_is_reported_as_such(shared: Path) -> None:
+    r0, r1 = results(shared / "raised")
     e0, e1 = r0["audits"][0], r1["audits"][0]
     assert e1["raised"] == "ValueError: user code failed on rank 1"  # unchanged on rank 1
     assert e0["raised"] == "RNGDivergenceError"  # every rank stops
@@ -98,7 +116,7 @@ def test_a_rank_that_raised_in_the_block_is_reported_as_such(tmp_path: Path) -> 
         assert raised["ranks"] == [1]
         assert raised["details"]["exception"] == "ValueError: user code failed on rank 1"
         assert entry["kinds"] == ["rank-raised"]  # not a vague consumption-mismatch
-    merged = json.loads((tmp_path / "report" / "report.json").read_text())
+    merged = json.loads((shared / "raised" / "report" / "report.json").read_text())
     assert [f["kind"] for f in merged["findings"]] == ["rank-raised"]
     ranks = {r["rank"]: r for r in merged["ranks"]}
     assert ranks[1]["exception"] == "ValueError: user code failed on rank 1"

@@ -224,24 +224,34 @@ def test_forked_workers_do_not_inherit_the_instrumentation(tmp_path: Path) -> No
     assert json.loads(proc.stdout) == [1.0, 1.0, 1.0, 1.0]
 
 
-@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-def test_torch_compile_with_dropout_is_bit_identical_and_stays_compiled(
-    tmp_path: Path, backend: str
-) -> None:
-    if backend == "inductor" and not (shutil.which("cc") or shutil.which("gcc")):
-        pytest.skip("inductor on CPU needs a C compiler")
+COMPILE_BACKENDS = ["aot_eager", "inductor"]
+
+
+@pytest.fixture(scope="module")
+def compiled_dropout(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """One process runs each backend unaudited then audited (dynamo reset, seeded, in between)."""
+    report_root = tmp_path_factory.mktemp("compiled")
+    backends = COMPILE_BACKENDS if shutil.which("cc") or shutil.which("gcc") else ["aot_eager"]
     script = "tests/envmode/compiled_dropout.py"
-    plain = run_python([script, backend, "0", str(tmp_path)], timeout=600)
-    audited = run_python([script, backend, "1", str(tmp_path)], timeout=600)
-    assert plain.returncode == 0, plain.stderr[-2000:]
-    assert audited.returncode == 0, audited.stderr[-2000:]
-    lines, expected = audited.stdout.splitlines(), plain.stdout.splitlines()
+    proc = run_python([script, str(report_root), *backends], timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return report_root, json.loads(proc.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("backend", COMPILE_BACKENDS)
+def test_torch_compile_with_dropout_is_bit_identical_and_stays_compiled(
+    compiled_dropout: tuple[Path, dict[str, Any]], backend: str
+) -> None:
+    report_root, runs = compiled_dropout
+    if f"{backend} plain" not in runs:
+        pytest.skip("inductor on CPU needs a C compiler")
+    lines, expected = runs[f"{backend} audited"], runs[f"{backend} plain"]
     assert lines[:2] == expected[:2]  # same values inside and after the window
     assert expected[2] == "graphs 1 frames {'total': 1, 'ok': 1}"
     # compiled, never skipped: once more after the window at most (dynamo guards on the
     # thread's dispatch keys, and the window's key is switched off when it closes)
     assert lines[2] in (expected[2], "graphs 2 frames {'total': 2, 'ok': 2}"), lines[2]
     assert lines[3] == "stack 0"
-    events = json.loads((tmp_path / "report.json").read_text())["ranks"][0]["events"]
+    events = json.loads((report_root / backend / "report.json").read_text())["ranks"][0]["events"]
     drawn = {e["op"] for e in events if e["op"].startswith("aten.")}
     assert drawn == ({"aten.random_"} if backend == "inductor" else {"aten.native_dropout"}), drawn

@@ -1,4 +1,8 @@
-"""A real two-node run on one machine: two torchrun launchers (c10d rendezvous), two ranks each."""
+"""A real two-node run on one machine: two torchrun launchers (c10d rendezvous), two ranks each.
+
+One pair of launchers runs both scenarios in turn (tests/distributed/scenarios.py runs several
+in one launch, each from a fresh process's RNG states); the tests read them per scenario.
+"""
 
 from __future__ import annotations
 
@@ -26,7 +30,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def launch_two_nodes(scenario: str, outdir: Path) -> dict[int, dict[str, Any]]:
+CASES = [("extra_draw_rank0", True), ("repro_seed", False)]
+
+
+def launch_two_nodes(scenarios: list[str], outdir: Path) -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RNGAUDIT")}
     env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
@@ -35,7 +42,7 @@ def launch_two_nodes(scenario: str, outdir: Path) -> dict[int, dict[str, Any]]:
         cmd = [
             sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node}",
             "--nproc_per_node=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-            "--rdzv-id=rngaudit-two-nodes", str(SCRIPT), scenario, str(outdir),
+            "--rdzv-id=rngaudit-two-nodes", str(SCRIPT), ",".join(scenarios), str(outdir),
         ]  # fmt: skip
         launchers.append(
             subprocess.Popen(
@@ -58,16 +65,23 @@ def launch_two_nodes(scenario: str, outdir: Path) -> dict[int, dict[str, Any]]:
             raise
     for proc, output in zip(launchers, outputs, strict=True):
         assert proc.returncode == 0, output[-4000:]
-    return {r: json.loads((outdir / f"result-rank{r}.json").read_text()) for r in range(WORLD)}
 
 
-@pytest.mark.parametrize(
-    ("scenario", "corrupt"), [("extra_draw_rank0", True), ("repro_seed", False)]
-)
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    outdir = tmp_path_factory.mktemp("two-nodes")
+    launch_two_nodes([scenario for scenario, _ in CASES], outdir)
+    return outdir
+
+
+@pytest.mark.parametrize(("scenario", "corrupt"), CASES)
 def test_two_launchers_give_one_report_and_one_verdict(
-    tmp_path: Path, scenario: str, corrupt: bool
+    two_nodes: Path, scenario: str, corrupt: bool
 ) -> None:
-    results = launch_two_nodes(scenario, tmp_path)
+    outdir = two_nodes / scenario
+    results: dict[int, dict[str, Any]] = {
+        r: json.loads((outdir / f"result-rank{r}.json").read_text()) for r in range(WORLD)
+    }
     # truth, measured: the epoch-0 partition the four ranks really drew
     partition = results[0]["partition"]
     assert all(results[r]["partition"] == partition for r in range(WORLD))
@@ -81,7 +95,7 @@ def test_two_launchers_give_one_report_and_one_verdict(
             assert audit["error_type"] == "RNGDivergenceError"
     verdicts = {results[r]["audit"]["report"]["verdict"] for r in range(WORLD)}
     assert len(verdicts) == 1, verdicts  # the same verdict on all four ranks
-    report_dir = tmp_path / "report"
+    report_dir = outdir / "report"
     assert sorted(p.name for p in report_dir.glob("rank-*.json")) == [
         f"rank-{r}.json" for r in range(WORLD)
     ]

@@ -1,7 +1,9 @@
-"""Two ranks that break the exchange's protocol on purpose: one scenario per argv[1].
+"""Two ranks that break the exchange's protocol on purpose: ``exchange_protocol.py NAMES OUTDIR``.
 
-Each rank writes ``result-<rank>.json`` (what every audit said or raised) into argv[2].
-Ranks wait for each other through files (``wait_for``), never for a fixed time.
+The scenarios in NAMES (comma-separated) run in turn in one launch. For each, every rank writes
+``OUTDIR/<name>/result-<rank>.json`` (what every audit said or raised); the audits' report goes
+to ``OUTDIR/<name>/report``. Ranks wait for each other through files (``wait_for``), never for a
+fixed time.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -23,11 +25,13 @@ from torch.utils.data import RandomSampler
 import rngaudit
 from rngaudit import exchange
 
-scenario, out = sys.argv[1], Path(sys.argv[2])
+names, root = sys.argv[1].split(","), Path(sys.argv[2])
 dist.init_process_group("gloo")
 rank = dist.get_rank()
-result: dict[str, Any] = {"rank": rank, "audits": []}
-report_dir = out / "report"
+# The running scenario's directory, result and report directory (set before each one runs).
+out = root
+result: dict[str, Any] = {}
+report_dir = root
 
 
 def wait_for(name: str, limit: float = 120.0) -> None:
@@ -88,9 +92,10 @@ def draws(n: int) -> Any:
     return body
 
 
-torch.manual_seed(0)
 # Each audit opens on its own line: its call site is its identity across ranks.
-if scenario == "rank0_only":
+
+
+def rank0_only() -> None:
     # Rank 0 audits an evaluation set-up the other rank never runs, then both audit B and C.
     if rank == 0:
         with outcome("A") as box, box.audit(mode="warn", timeout=20):  # rank 0 only
@@ -99,25 +104,32 @@ if scenario == "rank0_only":
         torch.rand(1)
     with outcome("C") as box, box.audit(mode="warn", timeout=20):
         draws(1 + rank)()  # rank 1 draws once more
-elif scenario in ("late_rank1", "late_rank0"):
-    late = 1 if scenario == "late_rank1" else 0
+
+
+def late_rank(late: int) -> None:
     if rank == late:
         wait_for("decided")  # arrive just after the other rank gave up on us
     with outcome("late" if rank == late else "on time") as box, box.audit(timeout=2):
         torch.rand(1)
     if rank != late:
         signal_file("decided")
-elif scenario == "modes":
+
+
+def modes() -> None:
     torch.manual_seed(rank)  # the sampler's epoch order differs: an error finding
     with outcome("modes") as box, box.audit(mode="raise" if rank == 0 else "warn", timeout=60):
         list(RandomSampler(range(8)))
-elif scenario == "raised":
+
+
+def raised() -> None:
     with outcome("raised") as box, box.audit(timeout=60):
         torch.rand(1)
         if rank == 1:
             raise ValueError("user code failed on rank 1")
         torch.rand(1)
-elif scenario == "sigint_block":
+
+
+def sigint_block() -> None:
     with outcome("block") as box, box.audit(timeout=60):
         torch.rand(1)
         if rank == 0:
@@ -126,7 +138,9 @@ elif scenario == "sigint_block":
             wait_for("rank0-exchanging")
             os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C inside the block
             time.sleep(30)  # interrupted long before this ends
-elif scenario == "sigint_wait":
+
+
+def sigint_wait() -> None:
     if rank == 0:
         signal_file("rank0-pid", str(os.getpid()))
     with outcome("wait") as box, box.audit(timeout=60):
@@ -144,8 +158,28 @@ elif scenario == "sigint_wait":
             wait_for("rank0-interrupted")
     if rank == 0:
         signal_file("rank0-interrupted")
-else:
-    raise SystemExit(f"unknown scenario {scenario}")
 
-(out / f"result-{rank}.json").write_text(json.dumps(result))
+
+SCENARIOS: dict[str, Callable[[], None]] = {
+    "rank0_only": rank0_only,
+    "late_rank1": lambda: late_rank(1),
+    "late_rank0": lambda: late_rank(0),
+    "modes": modes,
+    "raised": raised,
+    "sigint_block": sigint_block,
+    "sigint_wait": sigint_wait,
+}
+unknown = [name for name in names if name not in SCENARIOS]
+if unknown:
+    raise SystemExit(f"unknown scenario {unknown}")
+for number, scenario in enumerate(names):
+    if number:
+        dist.barrier()  # every rank done with the previous scenario
+    out = root / scenario
+    out.mkdir(parents=True, exist_ok=True)
+    report_dir = out / "report"
+    result = {"rank": rank, "audits": []}
+    torch.manual_seed(0)
+    SCENARIOS[scenario]()
+    (out / f"result-{rank}.json").write_text(json.dumps(result))
 dist.destroy_process_group()

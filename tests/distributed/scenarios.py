@@ -1,4 +1,10 @@
-"""Torchrun-able RNG scenarios: audit the loader set-up, then measure the real epoch-0 partition."""
+"""Torchrun-able RNG scenarios: audit the loader set-up, then measure the real epoch-0 partition.
+
+One launch runs one scenario (results in OUTDIR) or several in turn (comma-separated names,
+results in OUTDIR/<name>/). Each scenario starts from the RNG states the process had before the
+first one ran, so it draws what it would draw in a launch of its own; set-ups that never touch
+accelerate run first, while accelerate is not yet imported.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ import datetime
 import faulthandler
 import json
 import os
+import random
 import sys
 import time
 import traceback
@@ -21,7 +28,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, TensorDataset
 
 # Hard per-process deadline: a hung rank dumps its stacks and exits instead of hanging the test.
-WATCHDOG_S = float(os.environ.get("RNGAUDIT_SCENARIO_WATCHDOG_S", "150"))
+WATCHDOG_S = float(os.environ.get("RNGAUDIT_SCENARIO_WATCHDOG_S", "300"))
 AUDIT_TIMEOUT_S = 60.0
 PG_TIMEOUT = datetime.timedelta(seconds=90)
 
@@ -38,6 +45,7 @@ class Scenario:
     num_workers: int
     setup: Callable[[Scenario, Path, bool], tuple[Any, Batches]]
     description: str
+    accelerate: bool = True  # False: the set-up must run before accelerate is ever imported
 
 
 # --------------------------------------------------------------------------- helpers
@@ -220,6 +228,7 @@ SCENARIOS: dict[str, Scenario] = {
             "plain_ddp_distributed_sampler", False, 16, 2, 2,
             _plain_ddp_setup,
             "torch.distributed + DistributedSampler, unseeded, num_workers=2, no accelerate",
+            accelerate=False,
         ),
     ]
 }
@@ -306,9 +315,37 @@ def run(name: str, outdir: Path, use_audit: bool) -> dict[str, Any]:
     return result
 
 
+class _FreshRNG:
+    """The global RNG states as the process had them first; restored before every scenario."""
+
+    def __init__(self) -> None:
+        import numpy as np
+
+        self.torch = torch.get_rng_state()
+        self.python = random.getstate()
+        self.numpy = np.random.get_state()
+
+    def restore(self) -> None:
+        import numpy as np
+
+        torch.set_rng_state(self.torch)
+        random.setstate(self.python)
+        np.random.set_state(self.numpy)
+
+
+def _names(text: str) -> list[str]:
+    names = text.split(",")
+    unknown = sorted(set(names) - set(SCENARIOS))
+    if unknown or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"unknown or repeated scenario in {text!r}")
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("scenario", choices=sorted(SCENARIOS))
+    parser.add_argument(
+        "scenario", type=_names, help=f"one or more of {','.join(SCENARIOS)}, comma-separated"
+    )
     parser.add_argument("outdir", type=Path)
     parser.add_argument(
         "--no-audit",
@@ -317,9 +354,16 @@ def main(argv: list[str] | None = None) -> int:
         help="skip rngaudit entirely (also: RNGAUDIT_SCENARIO_NO_AUDIT=1); measure only",
     )
     args = parser.parse_args(argv)
+    names: list[str] = args.scenario
+    names.sort(key=lambda name: SCENARIOS[name].accelerate)  # stable: the others keep order
     faulthandler.dump_traceback_later(WATCHDOG_S, exit=True)
+    fresh = _FreshRNG()
     try:
-        run(args.scenario, args.outdir, use_audit=not args.no_audit)
+        for name in names:
+            fresh.restore()
+            outdir = args.outdir if len(names) == 1 else args.outdir / name
+            run(name, outdir, use_audit=not args.no_audit)
+            dist.barrier()  # every rank done with this scenario before the next one starts
     except Exception:
         traceback.print_exc()
         return 1
