@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import hashlib
 import json
 import os
@@ -149,6 +151,7 @@ class _Waiter:
     logs as a warning, at every slice. Without ``clone()``, it polls ``check`` each slice."""
 
     _idle: ClassVar[dict[int, list[Any]]] = {}  # free clones per store (id)
+    _live: ClassVar[set[_Waiter]] = set()  # threads still inside the store's wait
     _lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(self, store: Any, key: str, seconds: float) -> None:
@@ -165,6 +168,10 @@ class _Waiter:
             except Exception:
                 self.clone = None
         if self.clone is not None:
+            with self._lock:
+                if not self._live:
+                    atexit.register(_Waiter.settle_all)
+                self._live.add(self)
             threading.Thread(target=self._run, args=(seconds,), daemon=True).start()
 
     def _run(self, seconds: float) -> None:
@@ -175,7 +182,18 @@ class _Waiter:
             self.found = False
         with self._lock:
             self._idle.setdefault(id(self.store), []).append(self.clone)
+            self._live.discard(self)
         self.done.set()
+
+    @classmethod
+    def settle_all(cls, seconds: float = 1.0) -> None:
+        """At exit: give threads still in a store wait (their key set just now, as the
+        exchange they served was decided) up to ``seconds`` to return. A thread that returns
+        from the store's C++ wait while the interpreter finalizes is killed by a forced unwind
+        that C++ turns into ``std::terminate``: the process aborts after its work is done."""
+        deadline = time.monotonic() + seconds
+        for waiter in list(cls._live):
+            waiter.done.wait(max(0.0, deadline - time.monotonic()))
 
     def wait(self, seconds: float) -> bool:
         """True once the wait ended (then ``found`` says how); False after ``seconds``."""
@@ -398,15 +416,23 @@ def _wait_for(
     one): ``found()`` once it is set; between slices, the decision ``meanwhile()`` returns,
     if any; ``limit`` seconds after ``start``, decide the exchange abandoned."""
     waiter = _Waiter(store, awaited, limit - (time.monotonic() - start))
-    while True:
-        if waiter.wait(SLICE) and waiter.found:
-            return found()
-        if meanwhile is not None:
-            decision = meanwhile()
-            if decision is not None:
-                return decision
-        if time.monotonic() - start >= limit:
-            return _decide(store, keys, _abandoned(store, keys, world, rank))
+    try:
+        while True:
+            if waiter.wait(SLICE) and waiter.found:
+                return found()
+            if meanwhile is not None:
+                decision = meanwhile()
+                if decision is not None:
+                    return decision
+            if time.monotonic() - start >= limit:
+                return _decide(store, keys, _abandoned(store, keys, world, rank))
+    finally:
+        if awaited == keys.all and not waiter.done.is_set():
+            # left before every rank arrived (decided meanwhile, abandoned, interrupted): only
+            # this rank's waiter reads "all", so set it to end that wait now, not at exit. The
+            # others' waiters end on the decision, which every way out of the exchange writes.
+            with contextlib.suppress(Exception):
+                store.set(awaited, b"1")
 
 
 def _table(store: Any, keys: _Keys, ranks: list[int]) -> dict[str, Any]:

@@ -97,6 +97,44 @@ def test_a_rank_leaving_on_ctrl_c_is_reported_interrupted_whoever_decides_first(
     assert (stayed.kind, stayed.interrupted) == ("interrupted", [1])
 
 
+class _CtrlCStore:
+    """A real TCP store on which Ctrl-C arrives while rank 0 waits for the other rank."""
+
+    def __init__(self) -> None:
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        self.real = dist.TCPStore(  # type: ignore[attr-defined]
+            "127.0.0.1", 0, 2, True, timeout=timedelta(seconds=30), wait_for_workers=False
+        )
+        self.checks = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    def check(self, keys: list[str]) -> bool:
+        self.checks += 1
+        if self.checks == 3:  # rank 0 reads for a decision between its wait's slices
+            raise KeyboardInterrupt
+        return bool(self.real.check(keys))
+
+
+def test_a_wait_left_on_ctrl_c_leaves_no_thread_inside_the_store() -> None:
+    # A thread still in the store's C++ wait when the interpreter finalizes aborts the
+    # process (std::terminate) after its work is done: every way out must end that wait.
+    store = _CtrlCStore()
+    key = exchange.audit_key("audit at train.py:9", 0)
+    exchange.publish(store, 0, 2, key, {"signature": "s"}, {"label": "x", "mode": "raise"})
+    with pytest.raises(KeyboardInterrupt):
+        exchange.collect(store, 0, 2, {"signature": "s"}, key, 60.0)
+    waiters = list(exchange._Waiter._live)
+    assert all(w.done.wait(5.0) for w in waiters), "a waiter stayed in the store's wait"
+    assert not exchange._Waiter._live
+    decision = json.loads(bytes(store.real.get(exchange._Keys(key).decision)).decode())
+    assert decision["kind"] == "interrupted"
+
+
 def test_the_launchers_rank_and_world_size_are_read_once_and_never_raise() -> None:
     assert exchange.launched_rank({"RANK": "3"}) == 3
     assert exchange.launched_world_size({"WORLD_SIZE": "8"}) == 8
