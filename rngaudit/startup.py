@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import functools
 import logging
 import os
 import sys
@@ -11,14 +10,15 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import wrapt
-
 from rngaudit import config
+from rngaudit.patching import PatchSet
 
 log = logging.getLogger("rngaudit")
 _started = False
 _lock = threading.Lock()
 CONTROLLER: Any = None
+# For the life of the process (a worker's loop stays wrapped): never undone.
+PATCHES = PatchSet()
 
 # rngaudit's own command line reads reports and never writes one: it does not arm.
 OWN_COMMANDS = ("rngaudit",)
@@ -63,7 +63,7 @@ def process_startup(environ: dict[str, str] | None = None) -> Any:
         CONTROLLER = WholeRun(settings)
         CONTROLLER.arm()
         atexit.register(CONTROLLER.at_exit)
-        wrapt.register_post_import_hook(_watch_worker_loop, WORKER_MODULE)
+        PATCHES.when_imported(WORKER_MODULE, _watch_worker_loop)
     except Exception as exc:
         _say(f"could not start ({_one_line(exc, repr)}); running unaudited")
         return None
@@ -75,23 +75,20 @@ def _watch_worker_loop(module: Any) -> None:
     ``mp.spawn`` rank), make the DataLoader worker loop detach the audit when it starts.
 
     The parent pickles the worker's target by name; the child resolves the name after this
-    hook ran, so it gets :func:`_worker_loop`. The main process is left untouched.
+    hook ran, so it gets the wrapped loop. The main process is left untouched.
     """
     import multiprocessing
 
-    if multiprocessing.current_process().name == "MainProcess":
+    if multiprocessing.current_process().name == "MainProcess" or module in PATCHES.owners():
         return
-    original = module._worker_loop
-    if getattr(original, "__rngaudit_original__", None) is not None:
-        return
+    PATCHES.wrap(module, "_worker_loop", _detach_first)
 
-    @functools.wraps(original)
-    def worker_loop(*args: Any, **kwargs: Any) -> Any:
-        become_worker()
-        return original(*args, **kwargs)
 
-    worker_loop.__rngaudit_original__ = original  # type: ignore[attr-defined]
-    module._worker_loop = worker_loop
+def _detach_first(
+    wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    become_worker()
+    return wrapped(*args, **kwargs)
 
 
 def become_worker() -> None:

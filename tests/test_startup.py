@@ -129,12 +129,18 @@ def test_a_new_run_moves_the_previous_run_aside(tmp_path: Path) -> None:
 
 def test_spawned_workers_are_not_perturbed(tmp_path: Path) -> None:
     script = "tests/envmode/spawn_workers.py"
+    states = tmp_path / "states"
+    states.mkdir()
+    reports = tmp_path / "reports"
     plain = run_python([script])
-    audited = run_python([script], env=env("1", tmp_path))
+    audited = run_python([script], env={**env("1", reports), "WORKER_STATE_DIR": str(states)})
     assert plain.returncode == 0 and audited.returncode == 0, audited.stderr[-2000:]
     assert plain.stdout == audited.stdout and plain.stdout.strip()
     # workers wrote no report of their own
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank-0.json", "report.json"]
+    assert sorted(p.name for p in reports.iterdir()) == ["rank-0.json", "report.json"]
+    # each spawned worker armed at start (RNGAUDIT is inherited) and detached in its loop
+    seen = [json.loads(p.read_text()) for p in states.iterdir()]
+    assert len(seen) == 2 and all(s == {"armed": True, "detached": True} for s in seen), seen
 
 
 # Start-up and environment hygiene (issue 11, items 11-13) ---------------------------------

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import sys
+
 import torch
 from torch.utils.data import DataLoader, Dataset
 
@@ -11,6 +15,12 @@ class Noise(Dataset[torch.Tensor]):
         return 8
 
     def __getitem__(self, index: int) -> torch.Tensor:
+        state_dir = os.environ.get("WORKER_STATE_DIR")
+        if state_dir:  # what the audit looks like from inside the worker (read, not imported)
+            controller = getattr(sys.modules.get("rngaudit.startup"), "CONTROLLER", None)
+            state = {"armed": controller is not None, "detached": getattr(controller, "worker", 0)}
+            with open(os.path.join(state_dir, f"worker-{os.getpid()}.json"), "w") as fh:
+                json.dump(state, fh)
         return torch.rand(2)
 
 
