@@ -167,7 +167,7 @@ class Session:
             self.write(background=background_write)
         return AuditReport(
             findings=found,
-            ranks=arrived,
+            ranks=[as_filed(rec, index, self.run_id) for rec in arrived],
             world_size=result.world_size,
             run_id=self.run_id,
             mode=mode,
@@ -291,23 +291,13 @@ class Session:
             self.write()
 
     def _accumulate(self, rec: records.RankRecord, index: int) -> None:
-        rank = int(rec["rank"])
-        acc = self.records.setdefault(
-            rank,
-            {"rank": rank, "pid": rec.get("pid"), "host": rec.get("host"), "events": []},
-        )
-        acc["events"].extend(rec.get("events", []))
-        loaders: list[records.Loader] = [
-            {**loader, "audit": index} for loader in rec.get("loaders", [])
-        ]
-        acc.setdefault("loaders", []).extend(loaders)
-        if rec.get("exception"):  # what its block raised (kept: it is why it stopped)
-            acc["exception"] = rec["exception"]
-        if rec.get("same_as") is not None:  # not fetched: equal to that rank's (see its file)
-            acc["same_as"] = rec["same_as"]
-        acc["states"] = rec.get("states", {})
-        acc["run_id"] = self.run_id
-        acc["environment"] = rec.get("environment")
+        filed = as_filed(rec, index, self.run_id)
+        acc = self.records.setdefault(filed["rank"], {**filed, "events": [], "loaders": []})
+        acc["events"].extend(filed["events"])
+        acc["loaders"].extend(filed["loaders"])
+        for key in ("states", "run_id", "environment", "exception", "same_as"):
+            if key in filed:
+                acc[key] = filed[key]
 
     def report(self) -> AuditReport:
         with self._lock:
@@ -383,6 +373,27 @@ class Session:
                     RNGAuditWarning,
                     stacklevel=2,
                 )
+
+
+def as_filed(rec: records.RankRecord, index: int, run_id: str) -> records.RankRecord:
+    """A rank's record of audit ``index`` in the shape the report files and ``AuditReport.ranks``
+    keep (docs/report-format.md): what the exchange needed only (signature, label, framework,
+    seeds, audit index) left out; its loaders tagged with the audit."""
+    filed: records.RankRecord = {
+        "rank": int(rec["rank"]),
+        "pid": rec.get("pid"),
+        "host": rec.get("host"),
+        "events": list(rec.get("events", [])),
+        "loaders": [{**loader, "audit": index} for loader in rec.get("loaders", [])],
+        "states": rec.get("states", {}),
+        "run_id": run_id,
+        "environment": rec.get("environment"),
+    }
+    if rec.get("exception"):  # what its block raised (kept: it is why it stopped)
+        filed["exception"] = rec["exception"]
+    if rec.get("same_as") is not None:  # not fetched: equal to that rank's (see its file)
+        filed["same_as"] = rec["same_as"]
+    return filed
 
 
 def for_dir(report_dir: Path, mode: str) -> Session:

@@ -73,3 +73,25 @@ def test_temp_files_of_live_writers_and_other_files_are_kept(tmp_path: Path) -> 
     os.utime(other_host, (old, old))
     report_files.write_json(target, {})
     assert live.exists() and not other_host.exists() and other_file.exists()
+
+
+def test_the_report_in_memory_has_the_shape_of_the_files(tmp_path: Path) -> None:
+    # one schema (records.RankRecord as filed): what a.report.ranks holds is what report.json
+    # and rank-0.json keep, not the larger record the ranks exchanged
+    import torch
+
+    import rngaudit
+
+    a = rngaudit.audit(report_dir=tmp_path)
+    with a:
+        torch.rand(2)
+        torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.arange(4)), shuffle=True)
+    rngaudit.wait_for_reports()
+    assert a.report is not None
+    merged = json.loads((tmp_path / "report.json").read_text())["ranks"]
+    rank_file = json.loads((tmp_path / "rank-0.json").read_text())["record"]
+    assert json.loads(json.dumps(a.report.ranks)) == merged == [rank_file]
+    assert set(merged[0]) == {
+        "rank", "pid", "host", "events", "loaders", "states", "run_id", "environment"
+    }
+    assert merged[0]["loaders"][0]["audit"] == 0 and merged[0]["events"]
