@@ -251,8 +251,9 @@ class EpochGuard:
 
     def _exchange(self, record: dict[str, Any], watch: Watch, state: _LoaderState) -> list[Finding]:
         record["dataset_draws"] = _split_draws(watch.session)
-        comparable = {k: record.get(k) for k in ("dataset", "sampler_state")}
-        comparable["first"] = (record.get("order") or [None])[0]
+        # everything the rules read but the rank: equal ranks form one group, and each rank
+        # fetches one record per group (O(groups), not O(world), per rank and epoch)
+        comparable = {k: v for k, v in record.items() if k not in ("rank", "signature")}
         record["signature"] = hashlib.blake2b(
             json.dumps(comparable, sort_keys=True, default=str).encode(), digest_size=12
         ).hexdigest()
@@ -264,10 +265,10 @@ class EpochGuard:
             else:
                 record["rank"] = 0
             info = {"label": f"order check of {record['loader']}", "mode": watch.settings.mode}
-            result = exchange.exchange(
-                record, key, watch.settings.timeout, fetch_all=True, info=info
+            result = exchange.exchange(record, key, watch.settings.timeout, info=info)
+            found = epoch_rules.compare(
+                expand_groups(result.records), result.missing, watch.settings.timeout
             )
-            found = epoch_rules.compare(result.records, result.missing, watch.settings.timeout)
         except Exception:
             log.warning("rngaudit: the order check could not exchange", exc_info=True)
             return []
@@ -280,6 +281,20 @@ class EpochGuard:
         except Exception:
             log.warning("rngaudit: could not write the order check's report", exc_info=True)
         return found
+
+
+def expand_groups(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every rank's epoch record: a rank not fetched (``same_as``: equal to that rank's record,
+    signature and all) gets a copy of it under its own rank; one whose group's record could
+    not be read (a late reader after the owners cleared it) is left out."""
+    full = {int(r["rank"]): r for r in records if "same_as" not in r}
+    out = []
+    for r in records:
+        if "same_as" not in r:
+            out.append(r)
+        elif r.get("same_as") in full:
+            out.append(dict(full[int(r["same_as"])], rank=int(r["rank"])))
+    return out
 
 
 def _teed(shard: Any, gen: Iterator[Any], tape: sharding.OrderTape) -> Iterator[Any]:

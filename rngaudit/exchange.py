@@ -289,7 +289,7 @@ def exchange(
 
     The store holds one full record per signature group (the first rank to claim the group
     publishes it; every rank up to ``FETCH_ALL_MAX`` ranks, or with ``fetch_all``), and ranks
-    fetch only those, unless ``fetch_all`` (every rank passes it: the order check) or
+    fetch only those, unless ``fetch_all`` (every record, for a caller that needs them) or
     ``report_all`` (rank 0, for the merged report, up to ``FETCH_ALL_MAX`` ranks); the others
     come back as stubs ``{"rank", "signature", "same_as", "events": []}``. ``leave``: publish
     and return at once, telling the others this rank was interrupted (a KeyboardInterrupt).

@@ -87,3 +87,19 @@ def test_a_loaders_summary_names_the_first_eight_samplers_of_its_chain(report_di
     (summary,) = a.report.ranks[0]["loaders"]
     assert summary["sampler"] == " > ".join(["BatchSampler", *["Wrap"] * 7])
     del loader
+
+
+def test_an_order_check_record_not_fetched_is_its_groups_under_its_own_rank() -> None:
+    from rngaudit.epoch_check import expand_groups
+
+    holder = {"rank": 0, "signature": "s", "order": ["a1"], "epoch": 3}
+    other = {"rank": 2, "signature": "t", "order": ["b7"], "epoch": 3}
+    stubs = [
+        {"rank": 1, "signature": "s", "same_as": 0, "events": []},
+        {"rank": 3, "signature": "t", "same_as": 2, "events": []},
+        {"rank": 4, "signature": "u", "same_as": None, "events": []},  # its group unreadable
+    ]
+    expanded = expand_groups([holder, other, *stubs])
+    assert [r["rank"] for r in expanded] == [0, 2, 1, 3]
+    assert expanded[2] == dict(holder, rank=1) and expanded[3] == dict(other, rank=3)
+    assert holder["rank"] == 0  # the fetched record itself is not changed
