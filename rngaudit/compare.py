@@ -384,9 +384,7 @@ def _sampler_divergence(
             continue
         reported.add(loader_key)
         fps, outputs = groups.expand(fps), groups.expand(outputs)
-        out.append(
-            _sampler_finding(records, audit, first, sampler, fps, outputs, mismatch, groups)
-        )
+        out.append(_sampler_finding(records, audit, first, sampler, fps, outputs, mismatch, groups))
     return out
 
 
@@ -451,9 +449,7 @@ def _consumption_key(e: Event) -> tuple[str, str, str, int]:
     return (naming.family(str(e["generator"])), str(e["op"]), str(file), int(line))
 
 
-def _consumption_mismatch(
-    records: list[RankRecord], audit: int, groups: _Groups
-) -> Finding | None:
+def _consumption_mismatch(records: list[RankRecord], audit: int, groups: _Groups) -> Finding | None:
     counts: dict[int, Counter[tuple[str, str, str, int]]] = {}
     first_seen: dict[tuple[str, str, str, int], tuple[int, Event]] = {}
     for r in records:

@@ -72,8 +72,7 @@ def _json_types(annotation: Any) -> _JSONTypes:
 def _field_types(shape: type) -> dict[str, _JSONTypes]:
     """Field name -> allowed JSON types, from the TypedDict ``shape``."""
     return {
-        name: _json_types(annotation)
-        for name, annotation in typing.get_type_hints(shape).items()
+        name: _json_types(annotation) for name, annotation in typing.get_type_hints(shape).items()
     }
 
 
@@ -173,9 +172,7 @@ def _rank_files(directory: Path) -> list[tuple[int, Path]]:
 def _load_report_file(path: Path) -> AuditReport:
     data = _read_object(path, _REPORT)
     world_size = _check_world_size(data["world_size"], path)
-    ranks = [
-        _check_record(record, f"{path}: ranks[{i}]") for i, record in enumerate(data["ranks"])
-    ]
+    ranks = [_check_record(record, f"{path}: ranks[{i}]") for i, record in enumerate(data["ranks"])]
     seen: set[int] = set()
     for i, record in enumerate(ranks):
         if not 0 <= record["rank"] < world_size or record["rank"] in seen:

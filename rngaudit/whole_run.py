@@ -239,9 +239,7 @@ class WholeRun:
         """The last checkpoint: it never raises (the run is ending); a verdict goes to stderr."""
         self.window_open = False
         try:
-            self._checkpoint(
-                label, timeout=min(self.settings.timeout, EXIT_TIMEOUT), raising=False
-            )
+            self._checkpoint(label, timeout=min(self.settings.timeout, EXIT_TIMEOUT), raising=False)
             report = self.reports[-1]
             if report.verdict not in ("ok", "info"):
                 sys.stderr.write(

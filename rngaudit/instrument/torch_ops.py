@@ -412,9 +412,7 @@ class TorchInstrumentation:
                     _on_main_thread(keyed.off)
                 continue
             mode.active = False
-            if on_main and _on_main_thread(
-                functools.partial(_pop_own, mode)
-            ):
+            if on_main and _on_main_thread(functools.partial(_pop_own, mode)):
                 continue
             log.warning(
                 "rngaudit: the audit window was opened on thread %s and closed on %s; its "
