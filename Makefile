@@ -19,6 +19,7 @@ install: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check -q rngaudit
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy --strict rngaudit tests
