@@ -23,6 +23,8 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy --strict rngaudit tests
+	# the oldest Python pyproject.toml admits: no typing name newer than 3.10
+	$(VENV)/bin/mypy --strict --python-version 3.10 rngaudit
 
 # Branch coverage of rngaudit, subprocesses included (torchrun ranks, spawned DataLoader workers,
 # the RNGAUDIT start-up hook): [tool.coverage.run] patch = ["subprocess"] in pyproject.toml.

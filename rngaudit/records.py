@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, NotRequired, TypedDict
+from typing import Any, TypedDict
 
 # docs/report-format.md describes these fields in words; this module is their one definition.
 # The producer writes every field of Event, Loader, SamplerDict and CallSiteDict. A report read
@@ -99,20 +99,22 @@ class RankRecord(TypedDict, total=False):
     same_as: int | None
 
 
-# The report files (NotRequired: may be absent, the producer does not always write it).
+# The report files. Fields of a ``total=False`` class may be absent (the producer does not
+# always write them); a base class holds the required ones (no ``NotRequired``: Python 3.10).
 
 
 class _FindingBase(TypedDict):
     kind: str  # findings.KINDS
     severity: str  # findings.SEVERITIES
     message: str
-    ranks: NotRequired[list[int]]
-    audit: NotRequired[int]
 
 
 class FindingDict(_FindingBase, total=False):
-    """A finding as the files hold it (``Finding.to_dict()``): the last five when known."""
+    """A finding as the files hold it (``Finding.to_dict()``): ranks and audit when known, the
+    last five when known."""
 
+    ranks: list[int]
+    audit: int
     generator: str
     call_site: CallSiteDict
     user_call_site: CallSiteDict
@@ -120,40 +122,49 @@ class FindingDict(_FindingBase, total=False):
     details: dict[str, Any]  # fingerprints per rank, sampler, loader, worker ids, ...
 
 
-class AuditDict(TypedDict):
+class _AuditBase(TypedDict):
+    index: int
+
+
+class AuditDict(_AuditBase, total=False):
     """One audit (or per-epoch check) of a process, in the files' ``audits``."""
 
-    index: int
-    label: NotRequired[str]
-    verdict: NotRequired[str]  # "ok", "warning" or "error"
-    mode: NotRequired[str]  # with strict: what every rank acted on, when the ranks' modes differed
-    strict: NotRequired[bool]
-    deferred: NotRequired[list[str] | bool]  # audits that waited for the process group; True:
+    label: str
+    verdict: str  # "ok", "warning" or "error"
+    mode: str  # with strict: what every rank acted on, when the ranks' modes differed
+    strict: bool
+    deferred: list[str] | bool  # audits that waited for the process group; True:
     # this audit itself is waiting (only on the report an audit returns, never in a file)
 
 
-class ReportDict(TypedDict):
-    """``report.json``, written by rank 0 (``AuditReport.to_dict()``)."""
-
+class _ReportBase(TypedDict):
     schema_version: int  # report.SCHEMA_VERSION
     run_id: str
-    verdict: NotRequired[str]
     world_size: int
-    mode: NotRequired[str]  # config.MODES
-    audits: NotRequired[list[AuditDict]]
     findings: list[FindingDict]
     ranks: list[RankRecord]
 
 
-class RankFileDict(TypedDict):
-    """``rank-<R>.json``, written by every rank: its findings and its accumulated record."""
+class ReportDict(_ReportBase, total=False):
+    """``report.json``, written by rank 0 (``AuditReport.to_dict()``)."""
 
+    verdict: str
+    mode: str  # config.MODES
+    audits: list[AuditDict]
+
+
+class _RankFileBase(TypedDict):
     schema_version: int
     run_id: str
     world_size: int
     rank: int
-    mode: NotRequired[str]
-    verdict: NotRequired[str]
-    audits: NotRequired[list[AuditDict]]
     findings: list[FindingDict]
     record: RankRecord
+
+
+class RankFileDict(_RankFileBase, total=False):
+    """``rank-<R>.json``, written by every rank: its findings and its accumulated record."""
+
+    mode: str
+    verdict: str
+    audits: list[AuditDict]

@@ -27,16 +27,10 @@ _JSONTypes = tuple[type, ...]
 
 
 def _as_declared(typed_dict: type) -> _Shape:
-    """A shape whose required fields are the TypedDict's own: neither ``NotRequired`` nor of
-    a ``total=False`` class. (``__required_keys__`` alone misses a ``NotRequired`` written in
-    a postponed annotation before Python 3.12.)"""
-    total: frozenset[str] = getattr(typed_dict, "__required_keys__", frozenset())
-    hints = typing.get_type_hints(typed_dict, include_extras=True)
-    return typed_dict, tuple(
-        name
-        for name, hint in hints.items()
-        if name in total and typing.get_origin(hint) is not typing.NotRequired
-    )
+    """A shape whose required fields are the TypedDict's required keys (those of a base class
+    that is not ``total=False``)."""
+    required: frozenset[str] = getattr(typed_dict, "__required_keys__", frozenset())
+    return typed_dict, tuple(name for name in typing.get_type_hints(typed_dict) if name in required)
 
 
 # What each shape needs: its TypedDict in rngaudit.records (the types of its fields) and the

@@ -246,7 +246,7 @@ def test_report_json_missing_fields(tmp_path: Path) -> None:
 
 
 def test_fields_the_schema_marks_not_required_may_be_absent(tmp_path: Path) -> None:
-    """NotRequired in records.ReportDict / FindingDict / AuditDict: a file may lack them."""
+    """Fields of total=False classes in records (Report, Finding, Audit) may be absent."""
     finding = {"kind": "k", "severity": "info", "message": "m"}
     doc = {"schema_version": 1, "run_id": "x", "world_size": 1, "findings": [finding]}
     write(tmp_path, "report.json", {**doc, "ranks": [{"rank": 0, "events": []}]})
