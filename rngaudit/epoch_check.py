@@ -19,7 +19,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import wrapt
 
@@ -50,7 +50,7 @@ class _LoaderState:
     index: int
     label: str
     checks: int = 0
-    previous: dict[str, Any] | None = None
+    previous: records.EpochRecord | None = None
     tape: sharding.OrderTape = field(default_factory=sharding.OrderTape)
 
 
@@ -231,8 +231,8 @@ class EpochGuard:
 
     def _record(
         self, iterator: Any, nodes: list[Any], shard: Any, state: _LoaderState
-    ) -> dict[str, Any]:
-        record: dict[str, Any] = {
+    ) -> records.EpochRecord:
+        record: records.EpochRecord = {
             "loader": state.label,
             "epoch": state.checks,
             "chain": sharding.chain_name(nodes),
@@ -249,7 +249,9 @@ class EpochGuard:
             record["draws"] = list(state.tape.draws)
         return record
 
-    def _exchange(self, record: dict[str, Any], watch: Watch, state: _LoaderState) -> list[Finding]:
+    def _exchange(
+        self, record: records.EpochRecord, watch: Watch, state: _LoaderState
+    ) -> list[Finding]:
         record["dataset_draws"] = _split_draws(watch.session)
         # everything the rules read but the rank: equal ranks form one group, and each rank
         # fetches one record per group (O(groups), not O(world), per rank and epoch)
@@ -283,18 +285,18 @@ class EpochGuard:
         return found
 
 
-def expand_groups(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def expand_groups(exchanged: list[dict[str, Any]]) -> list[records.EpochRecord]:
     """Every rank's epoch record: a rank not fetched (``same_as``: equal to that rank's record,
     signature and all) gets a copy of it under its own rank; one whose group's record could
     not be read (a late reader after the owners cleared it) is left out."""
-    full = {int(r["rank"]): r for r in records if "same_as" not in r}
-    out = []
-    for r in records:
+    full = {int(r["rank"]): r for r in exchanged if "same_as" not in r}
+    out: list[dict[str, Any]] = []
+    for r in exchanged:
         if "same_as" not in r:
             out.append(r)
         elif r.get("same_as") in full:
             out.append(dict(full[int(r["same_as"])], rank=int(r["rank"])))
-    return out
+    return cast(list[records.EpochRecord], out)  # the ranks' own records, decoded from JSON
 
 
 def _teed(shard: Any, gen: Iterator[Any], tape: sharding.OrderTape) -> Iterator[Any]:
@@ -326,7 +328,7 @@ def _teed(shard: Any, gen: Iterator[Any], tape: sharding.OrderTape) -> Iterator[
     yield from gen
 
 
-def _draw_summary(event: records.Event) -> dict[str, Any]:
+def _draw_summary(event: records.Event) -> records.SamplerDraw:
     sampler = event.get("sampler")
     return {
         "op": event.get("op"),
@@ -339,7 +341,7 @@ def _draw_summary(event: records.Event) -> dict[str, Any]:
     }
 
 
-def _split_draws(session: Any) -> list[dict[str, Any]]:
+def _split_draws(session: Any) -> list[records.SamplerDraw]:
     """The first recorded draw that built a dataset split (random_split), to name in a finding."""
     own = getattr(session, "records", {}).get(getattr(session, "rank", 0), {})
     for event in own.get("events", []):
@@ -348,7 +350,7 @@ def _split_draws(session: Any) -> list[dict[str, Any]]:
     return []
 
 
-def _act(found: list[Finding], watch: Watch, record: dict[str, Any]) -> None:
+def _act(found: list[Finding], watch: Watch, record: records.EpochRecord) -> None:
     """Raise or warn on every rank, as the watch's mode says."""
     if not found:
         return

@@ -7,6 +7,7 @@ from typing import Any
 from rngaudit import findings as fk
 from rngaudit.callsite import format_site
 from rngaudit.findings import Finding, format_ranks
+from rngaudit.records import EpochRecord, SamplerDraw
 
 ORDER_REMEDY = (
     "Make the order every rank shards come from state that is identical on every rank: give "
@@ -61,12 +62,12 @@ def _common_prefix_differs(orders: dict[int, list[str]]) -> bool:
     return len({tuple(o[:m]) for o in lists}) > 1
 
 
-def _draw_lines(records: list[dict[str, Any]]) -> tuple[list[str], dict[str, Any] | None]:
+def _draw_lines(records: list[EpochRecord]) -> tuple[list[str], SamplerDraw | None]:
     """Sentences naming the sampler draws whose state (or output) differs across ranks."""
     per_rank = {int(r["rank"]): list(r.get("draws") or []) for r in records}
     longest = max((len(d) for d in per_rank.values()), default=0)
     lines: list[str] = []
-    first: dict[str, Any] | None = None
+    first: SamplerDraw | None = None
     for k in range(longest):
         at_k = {rank: d[k] for rank, d in per_rank.items() if k < len(d)}
         fps = {rank: e.get("fingerprint") for rank, e in at_k.items()}
@@ -88,7 +89,7 @@ def _draw_lines(records: list[dict[str, Any]]) -> tuple[list[str], dict[str, Any
 
 
 def compare(
-    records: list[dict[str, Any]], missing: list[int], timeout: float | None = None
+    records: list[EpochRecord], missing: list[int], timeout: float | None = None
 ) -> list[Finding]:
     """Findings for one epoch check of one loader, the same on every rank."""
     records = sorted(records, key=lambda r: int(r["rank"]))
@@ -134,7 +135,7 @@ def compare(
 
 
 def _dataset_finding(
-    records: list[dict[str, Any]], where: str, datasets: dict[int, Any], loader: str, epoch: int
+    records: list[EpochRecord], where: str, datasets: dict[int, Any], loader: str, epoch: int
 ) -> Finding:
     split = None
     for r in records:
@@ -169,7 +170,7 @@ def _error(
     kind: str,
     lines: list[str],
     ranks: list[int],
-    draw: dict[str, Any] | None,
+    draw: SamplerDraw | None,
     remedy: str,
     details: dict[str, Any],
 ) -> Finding:
@@ -188,7 +189,7 @@ def _error(
 
 
 def _order_finding(
-    records: list[dict[str, Any]],
+    records: list[EpochRecord],
     where: str,
     states: dict[int, Any],
     orders: dict[int, list[str]],
@@ -228,7 +229,7 @@ def _order_finding(
     return _error(fk.SAMPLER_DRAW_DIVERGENCE, lines, sorted(orders), draw, remedy, details)
 
 
-def repeated(record: dict[str, Any], previous: dict[str, Any] | None) -> Finding | None:
+def repeated(record: EpochRecord, previous: EpochRecord | None) -> Finding | None:
     """A warning when a shuffling sampler hands out exactly the previous epoch's order."""
     if previous is None or not record.get("shuffling"):
         return None

@@ -99,6 +99,40 @@ class RankRecord(TypedDict, total=False):
     same_as: int | None
 
 
+# The order check's record (exchanged at each epoch's first batch, never written to a file).
+
+
+class SamplerDraw(TypedDict):
+    """A sampler draw that made an epoch's order (``epoch_check.draw_summary``)."""
+
+    op: str | None
+    generator: str | None
+    fingerprint: str | None
+    output_digest: str | None
+    call_site: CallSiteDict | None
+    user_call_site: CallSiteDict | None
+    sampler: str | None  # the sampler chain
+
+
+class _EpochBase(TypedDict):
+    loader: str  # "DataLoader#1"
+    epoch: int  # the check's number for this loader (0 at its first batch)
+    chain: str  # the sampler chain, outermost first
+    shuffling: bool
+    dataset: str  # sharding.describe_dataset: structure and index mapping
+    sampler_state: dict[str, Any] | None  # a DistributedSampler's seed, epoch, sizes
+    order: list[str]  # crc32 of the first batches of the order before sharding
+    draws: list[SamplerDraw]
+
+
+class EpochRecord(_EpochBase, total=False):
+    """One rank's record of one epoch of one sharded loader; the exchange adds ``rank``."""
+
+    rank: int
+    dataset_draws: list[SamplerDraw]  # the random_split draw behind the dataset, if any
+    signature: str  # everything the rules read but the rank: equal ranks share it
+
+
 # The report files. Fields of a ``total=False`` class may be absent (the producer does not
 # always write them); a base class holds the required ones (no ``NotRequired``: Python 3.10).
 

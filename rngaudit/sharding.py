@@ -12,6 +12,8 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from rngaudit.records import SamplerDraw
+
 _MAX_CHAIN = 8
 _MAX_DATASET_DEPTH = 8
 PREFIX_BATCHES = 64  # batches of the pre-shard order digested per epoch
@@ -172,7 +174,7 @@ class OrderTape:
     """The pre-shard order of one epoch, as far as it was pulled (batches digested)."""
 
     batches: list[str] = field(default_factory=list)
-    draws: list[dict[str, Any]] = field(default_factory=list)  # sampler draws that made it
+    draws: list[SamplerDraw] = field(default_factory=list)  # sampler draws that made it
 
     def add(self, batch: Any) -> None:
         if len(self.batches) < PREFIX_BATCHES:
