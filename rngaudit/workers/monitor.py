@@ -259,37 +259,45 @@ def analyse(
                     f"workers are started once, so its stream continues across epochs "
                     f"instead of being reseeded each epoch."
                 )
+            details = {
+                "path": path,
+                "type": kind,
+                "dataset": dataset,
+                "num_workers": num_workers,
+                "persistent_workers": True,
+            }
             findings.append(
-                Finding(
-                    kind=PERSISTENT_WORKER_STREAM,
-                    severity=severity,
-                    message=message,
-                    ranks=[rank],
-                    generator=kind,
-                    remedy=PERSISTENT_REMEDY,
-                    details={
-                        "path": path,
-                        "type": kind,
-                        "dataset": dataset,
-                        "num_workers": num_workers,
-                        "persistent_workers": True,
-                    },
+                _stream_finding(
+                    severity,
+                    message,
+                    rank,
+                    kind,
+                    details,
+                    PERSISTENT_WORKER_STREAM,
+                    PERSISTENT_REMEDY,
                 )
             )
     return findings
 
 
 def _stream_finding(
-    severity: str, message: str, rank: int, kind: str, details: dict[str, Any]
+    severity: str,
+    message: str,
+    rank: int,
+    kind: str,
+    details: dict[str, Any],
+    finding_kind: str = WORKER_DUPLICATE_STREAM,
+    remedy: str = REMEDY,
 ) -> Finding:
-    """A ``worker-duplicate-stream`` finding (confirmed: error; unconfirmed: warning)."""
+    """A finding on a worker stream: ``worker-duplicate-stream`` (confirmed: error;
+    unconfirmed: warning) or ``persistent-worker-stream``; ``kind`` is the generator's type."""
     return Finding(
-        kind=WORKER_DUPLICATE_STREAM,
+        kind=finding_kind,
         severity=severity,
         message=message,
         ranks=[rank],
         generator=kind,
-        remedy=REMEDY,
+        remedy=remedy,
         details=details,
     )
 
