@@ -83,7 +83,7 @@ def client(args: argparse.Namespace) -> None:
             rec = dict(recs[r % args.groups], rank=r)
             written = exchange.publish(
                 store, r, args.world, key, rec, {"label": "bench", "mode": "raise"},
-                False, payloads[r % args.groups],
+                payloads[r % args.groups],
             )  # fmt: skip
             published[r] = (time.perf_counter() - t, written)
         if 0 in mine:

@@ -152,6 +152,7 @@ class _Waiter:
 
     _idle: ClassVar[dict[int, list[Any]]] = {}  # free clones per store (id)
     _live: ClassVar[set[_Waiter]] = set()  # threads still inside the store's wait
+    _settling: ClassVar[bool] = False  # settle_all registered with atexit
     _lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(self, store: Any, key: str, seconds: float) -> None:
@@ -169,8 +170,9 @@ class _Waiter:
                 self.clone = None
         if self.clone is not None:
             with self._lock:
-                if not self._live:
+                if not _Waiter._settling:  # once per process (runs before earlier hooks: LIFO)
                     atexit.register(_Waiter.settle_all)
+                    _Waiter._settling = True
                 self._live.add(self)
             threading.Thread(target=self._run, args=(seconds,), daemon=True).start()
 
@@ -242,16 +244,15 @@ def publish(
     key: str,
     record: Mapping[str, Any],
     info: dict[str, Any],
-    everyone: bool = False,
     payload: bytes | None = None,
 ) -> list[str]:
     """Put this rank's arrival (signature, mode, label, exception) in the store, and its record
-    when it is the first of its signature group to claim it (or ``everyone`` publishes, or the
-    world is at most ``FETCH_ALL_MAX``). Returns the keys this rank wrote for the exchange."""
+    when it is the first of its signature group to claim it (or the world is at most
+    ``FETCH_ALL_MAX``). Returns the keys this rank wrote for the exchange."""
     keys = _Keys(key)
     signature = str(record.get("signature", ""))
     written = [keys.arrival(rank)]
-    holds = everyone or world <= FETCH_ALL_MAX
+    holds = world <= FETCH_ALL_MAX
     if not holds:  # one record per signature group in the store, not one per rank
         claim = f"{keys.base}/claim/{signature}"
         holds = bytes(store.compare_set(claim, "", str(rank))) == str(rank).encode()
@@ -273,7 +274,6 @@ def exchange(
     record: Mapping[str, Any],
     key: str,
     timeout: float,
-    fetch_all: bool = False,
     info: dict[str, Any] | None = None,
     leave: bool = False,
     report_all: bool = False,
@@ -288,8 +288,7 @@ def exchange(
     decision adopts it. Every rank acts on that one decision: the same verdict everywhere.
 
     The store holds one full record per signature group (the first rank to claim the group
-    publishes it; every rank up to ``FETCH_ALL_MAX`` ranks, or with ``fetch_all``), and ranks
-    fetch only those, unless ``fetch_all`` (every record, for a caller that needs them) or
+    publishes it; every rank up to ``FETCH_ALL_MAX`` ranks), and ranks fetch only those, unless
     ``report_all`` (rank 0, for the merged report, up to ``FETCH_ALL_MAX`` ranks); the others
     come back as stubs ``{"rank", "signature", "same_as", "events": []}``. ``leave``: publish
     and return at once, telling the others this rank was interrupted (a KeyboardInterrupt).
@@ -298,9 +297,7 @@ def exchange(
     if where is None:
         return Exchanged([dict(record)], 1, 0, [], 0.0, arrived=[0])
     rank, world = where
-    return exchange_on(
-        _store(), rank, world, record, key, timeout, fetch_all, info, leave, report_all
-    )
+    return exchange_on(_store(), rank, world, record, key, timeout, info, leave, report_all)
 
 
 def exchange_on(
@@ -310,7 +307,6 @@ def exchange_on(
     record: Mapping[str, Any],
     key: str,
     timeout: float,
-    fetch_all: bool = False,
     info: dict[str, Any] | None = None,
     leave: bool = False,
     report_all: bool = False,
@@ -322,8 +318,8 @@ def exchange_on(
     if leave:  # decided before this rank's arrival can complete the count: otherwise rank 0
         # may decide "complete" first, and report a rank that raised, not one interrupted
         _decide(store, _Keys(key), _interrupted(rank))
-    written = publish(store, rank, world, key, record, dict(info or {}), fetch_all, payload)
-    every = fetch_all or (report_all and world <= FETCH_ALL_MAX)
+    written = publish(store, rank, world, key, record, dict(info or {}), payload)
+    every = report_all and world <= FETCH_ALL_MAX
     return collect(store, rank, world, record, key, timeout, every, leave, start, written)
 
 
@@ -536,8 +532,8 @@ def _result(
     arrived = sorted(signature_of)
     holders = decision.get("holders", {})
     first_of = {sig: int(holders.get(sig, min(rs))) for sig, rs in groups.items()}
-    everything = fetch_all  # then every rank published its record
-    wanted = [r for r in arrived if r != rank and (everything or first_of[signature_of[r]] == r)]
+    # fetch_all: only up to FETCH_ALL_MAX ranks, where every rank published its record
+    wanted = [r for r in arrived if r != rank and (fetch_all or first_of[signature_of[r]] == r)]
     kind = str(decision.get("kind", "complete"))
     if kind != "complete":  # a late reader: the owners may have cleared their keys since
         wanted = [r for r in wanted if store.check([keys.record(r)])]
