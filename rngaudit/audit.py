@@ -13,7 +13,7 @@ from contextlib import ContextDecorator
 from types import TracebackType
 from typing import Any, TypedDict, TypeVar
 
-from rngaudit import config, epoch_check, session
+from rngaudit import config, epoch_check, peek, session
 from rngaudit import instrument as instrumentation  # noqa: F401  (registers the installer)
 from rngaudit.callsite import here
 from rngaudit.errors import RNGAuditError
@@ -223,7 +223,7 @@ def _keep_until_started(monitor: Any, built: list[Any], already: weakref.WeakSet
 
     for loader in built:
         with contextlib.suppress(Exception):
-            if int(getattr(loader, "num_workers", 0) or 0) > 0 and loader not in already:
+            if peek.integer(peek.attr(loader, "num_workers"), 0) > 0 and loader not in already:
                 waiting.add(loader)
                 weakref.finalize(loader, done)  # a loader dropped unstarted: stop waiting
     monitor.on_start = done

@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import threading
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from typing import Any, cast
 
 import wrapt
 
-from rngaudit import epoch_rules, exchange, records, sharding
+from rngaudit import epoch_rules, exchange, forksafe, peek, records, sharding
 from rngaudit.config import Settings
 from rngaudit.events import DRAW
 from rngaudit.findings import Finding
@@ -87,7 +86,7 @@ class EpochGuard:
     def __init__(self) -> None:
         self.patches = PatchSet()
         self.installed = False
-        self._lock = threading.RLock()
+        self._lock = forksafe.lock()
         self.everything: Watch | None = None  # RNGAUDIT: every sharded loader
         self.open: list[Watch] = []  # with-blocks open now: sharded loaders in them
         self.pending: weakref.WeakKeyDictionary[Any, Watch] = weakref.WeakKeyDictionary()
@@ -205,7 +204,7 @@ class EpochGuard:
     # -- the check -----------------------------------------------------------------------------
     def _first_batch(self, iterator: Any) -> None:
         try:
-            nodes = sharding.chain(getattr(iterator, "_index_sampler", None))
+            nodes = sharding.chain(peek.attr(iterator, "_index_sampler"))
             shard = sharding.shard_of(nodes)
             if shard is None:
                 return
@@ -237,7 +236,8 @@ class EpochGuard:
             "epoch": state.checks,
             "chain": sharding.chain_name(nodes),
             "shuffling": sharding.is_shuffling(nodes),
-            "dataset": sharding.describe_dataset(getattr(iterator, "_dataset", None)),
+            "dataset": sharding.describe_dataset(peek.attr(iterator, "_dataset")),
+            "content": sharding.describe_content(peek.attr(iterator, "_dataset")),
             "sampler_state": None,
             "order": [],
             "draws": [],

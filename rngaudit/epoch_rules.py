@@ -36,6 +36,11 @@ DATASET_REMEDY = (
     "generator=torch.Generator().manual_seed(SEED))), random.Random(SEED).shuffle(items); or "
     "split once on rank 0 and share the indices (a file, or broadcast_object_list)."
 )
+CONTENT_REMEDY = (
+    "Nothing to fix if the per-rank content is intended (augmentation). If every rank must "
+    "see identical rows, seed the .map() function's randomness identically on every rank (or "
+    "run .map() once and save the result with save_to_disk)."
+)
 REPEAT_REMEDY = (
     "Call sampler.set_epoch(epoch) at the start of every epoch (DistributedSampler, accelerate's "
     "loaders do it for you); a sampler that reseeds itself identically each epoch repeats "
@@ -122,6 +127,10 @@ def compare(
     datasets = {int(r["rank"]): r.get("dataset") for r in records}
     if len(set(datasets.values())) > 1:
         out.append(_dataset_finding(records, where, datasets, loader, epoch))
+    else:
+        contents = {int(r["rank"]): r.get("content") or "" for r in records}
+        if len(set(contents.values())) > 1:
+            out.append(_content_finding(where, contents, loader, epoch))
     states = {int(r["rank"]): r.get("sampler_state") for r in records}
     orders = {int(r["rank"]): list(r.get("order") or []) for r in records}
     differs = [
@@ -164,6 +173,28 @@ def _dataset_finding(
         "datasets": {str(k): v for k, v in datasets.items()},
     }
     return _error(fk.DATASET_DIVERGENCE, lines, sorted(datasets), split, DATASET_REMEDY, details)
+
+
+def _content_finding(where: str, contents: dict[int, str], loader: str, epoch: int) -> Finding:
+    """The ranks shard the same samples, whose content differs: intended (a per-rank
+    augmentation in ``.map()``) or not, the partition is intact, so this is a warning."""
+    return Finding(
+        kind=fk.DATASET_CONTENT_DIVERGENCE,
+        severity="warning",
+        message=(
+            f"The ranks shard the same samples in the same order in {where}, but the "
+            f"content of the rows differs ({_groups(contents)}: the datasets' fingerprints). "
+            "The partition is intact; if the rows were transformed with per-rank randomness "
+            "(a .map() augmentation seeded per rank) this is by design."
+        ),
+        ranks=sorted(contents),
+        remedy=CONTENT_REMEDY,
+        details={
+            "loader": loader,
+            "epoch": epoch,
+            "contents": {str(k): v for k, v in contents.items()},
+        },
+    )
 
 
 def _error(

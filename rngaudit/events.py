@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import itertools
 import os
-import threading
 from dataclasses import dataclass
 from typing import Any
 
-from rngaudit import records
+from rngaudit import forksafe, records
 from rngaudit.callsite import CallSite
 
 DRAW, SEED, STATE, CREATE = "draw", "seed", "state", "create"  # event kinds
@@ -72,7 +71,7 @@ class EventLog:
     """Thread-safe, aggregating store of events for one process."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = forksafe.lock()
         self._events: dict[AggKey, Event] = {}
         self._seq = itertools.count()
         self.pid = os.getpid()

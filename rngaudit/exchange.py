@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, ClassVar
 
+from rngaudit import forksafe
+
 KEY_PREFIX = "rngaudit"
 SLICE = 0.2  # seconds per wait: a KeyboardInterrupt surfaces within one slice
 GRACE = 1.0  # the others wait this much longer than rank 0 before deciding without it
@@ -153,7 +155,7 @@ class _Waiter:
     _idle: ClassVar[dict[int, list[Any]]] = {}  # free clones per store (id)
     _live: ClassVar[set[_Waiter]] = set()  # threads still inside the store's wait
     _settling: ClassVar[bool] = False  # settle_all registered with atexit
-    _lock: ClassVar[threading.Lock] = threading.Lock()
+    _lock: ClassVar[Any] = forksafe.lock()
 
     def __init__(self, store: Any, key: str, seconds: float) -> None:
         self.store, self.key = store, key

@@ -17,6 +17,7 @@ RANK_MISSING = "rank-missing"
 WORKER_DUPLICATE_STREAM = "worker-duplicate-stream"
 PERSISTENT_WORKER_STREAM = "persistent-worker-stream"
 DATASET_DIVERGENCE = "dataset-divergence"
+DATASET_CONTENT_DIVERGENCE = "dataset-content-divergence"
 EPOCH_ORDER_REPEATED = "epoch-order-repeated"
 AUDIT_MISMATCH = "audit-mismatch"
 MODE_MISMATCH = "mode-mismatch"
@@ -31,6 +32,7 @@ KINDS = (
     WORKER_DUPLICATE_STREAM,
     PERSISTENT_WORKER_STREAM,
     DATASET_DIVERGENCE,
+    DATASET_CONTENT_DIVERGENCE,
     EPOCH_ORDER_REPEATED,
     AUDIT_MISMATCH,
     MODE_MISMATCH,

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import ctypes
 import struct
-import threading
 import zlib
 from typing import Any
+
+from rngaudit import forksafe
 
 _MT_WORDS = 624
 _PY_BYTES = 4 + 4 * _MT_WORDS  # CPython's _random.Random: int index, then uint32 state[624]
 _NP_BYTES = 4 * _MT_WORDS + 4  # numpy's mt19937_state: uint32 key[624], then int pos
 _string_at = ctypes.string_at
-_lock = threading.RLock()
+_lock = forksafe.lock()
 # Where the state lives inside the objects, found once per process on private instances and
 # checked against getstate()/get_state(); None: not found (the exact slow path is used).
 _UNSET = -1  # not looked for yet

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Any
+
+from rngaudit import forksafe
 
 TORCH_DEFAULT = "torch.default_generator"
 PYTHON_GLOBAL = "random (global)"
@@ -33,7 +34,7 @@ class GeneratorNames:
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = forksafe.lock()
         self._names: dict[tuple[str, int], str] = {}
         self._keep: list[Any] = []
         self._counters: dict[str, int] = {}

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import CodeType, ModuleType
@@ -13,6 +12,7 @@ from typing import Any
 
 import wrapt
 
+from rngaudit import forksafe
 from rngaudit.callsite import MARKED_CODES
 
 log = logging.getLogger("rngaudit")
@@ -144,7 +144,7 @@ def _undo(entry: Entry) -> None:
 
 # The one post-import router: a wrapt hook per module name, registered once per process,
 # calls the callbacks of the ledgers whose hook entry is not undone yet.
-_router_lock = threading.RLock()
+_router_lock = forksafe.lock()
 _routes: dict[str, list[Callable[[ModuleType], None]]] = {}
 _registered: set[str] = set()
 

@@ -6,7 +6,7 @@ import os
 import socket
 from typing import Any, Literal
 
-from rngaudit import environment, naming, records, run_kind, sharding
+from rngaudit import environment, naming, peek, records, run_kind, sharding
 from rngaudit import events as events_mod
 from rngaudit.recorder import RECORDER, Recorder
 
@@ -70,7 +70,7 @@ def summarize_loaders(rec: Recorder, events: list[records.Event]) -> list[record
         chain = sharding.loader_chain(loader)
         generator = None
         for sampler in reversed(chain):
-            generator = getattr(sampler, "generator", None)
+            generator = peek.attr(sampler, "generator")
             if generator is not None:
                 break
         early = [
@@ -81,7 +81,7 @@ def summarize_loaders(rec: Recorder, events: list[records.Event]) -> list[record
         out.append(
             {
                 "loader": name,
-                "num_workers": int(getattr(loader, "num_workers", 0) or 0),
+                "num_workers": peek.integer(peek.attr(loader, "num_workers"), 0),
                 "sampler": " > ".join(type(s).__name__ for s in chain) or None,
                 "generator": _generator_name(rec, generator),
                 "drew_before_iteration": bool(early),
@@ -101,7 +101,9 @@ def _sampler_field(event: records.Event, key: Literal["loader", "output_digest"]
 def _generator_name(rec: Recorder, generator: Any) -> str:
     if generator is None:
         return f"{naming.TORCH_DEFAULT} (no generator of its own)"
-    cdata = getattr(generator, "_cdata", None)
+    cdata = peek.attr(generator, "_cdata")
+    if cdata is None:  # not a torch.Generator: a user's own object in that attribute
+        return f"{type(generator).__name__} (not a torch.Generator)"
     for name, obj in rec.names.items():
         if getattr(obj, "_cdata", None) == cdata:
             return name

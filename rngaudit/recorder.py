@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from threading import current_thread
 from typing import Any
 
-from rngaudit import callsite, fingerprint, naming, records
+from rngaudit import callsite, fingerprint, forksafe, naming, records
 from rngaudit.errors import RNGAuditError
 from rngaudit.events import ITERATION, PRE_ITERATION, Event, EventLog, SamplerInfo
 from rngaudit.patching import PatchSet
@@ -52,7 +52,7 @@ class Recorder:
         self._depth = 0
         self._outer_indices: list[int] = []
         self.new_loaders: list[Any] = []  # DataLoaders built while a window is open
-        self._window_lock = threading.RLock()
+        self._window_lock = forksafe.lock()
         self._fork_handler = False
         self._thread_windows: dict[int, list[Window]] = {}  # thread ident -> its open windows
         self.torch: Any = None  # the TorchInstrumentation while installed (per-thread modes)

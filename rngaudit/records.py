@@ -120,6 +120,7 @@ class _EpochBase(TypedDict):
     chain: str  # the sampler chain, outermost first
     shuffling: bool
     dataset: str  # sharding.describe_dataset: structure and index mapping
+    content: str  # sharding.describe_content: what the rows hold (may differ by design)
     sampler_state: dict[str, Any] | None  # a DistributedSampler's seed, epoch, sizes
     order: list[str]  # crc32 of the first batches of the order before sharding
     draws: list[SamplerDraw]

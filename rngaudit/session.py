@@ -7,14 +7,13 @@ import logging
 import os
 import random
 import sys
-import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from rngaudit import compare, exchange, records
+from rngaudit import compare, exchange, forksafe, records
 from rngaudit import report_write as report_files
 from rngaudit.errors import (
     RNGAuditError,
@@ -29,7 +28,7 @@ from rngaudit.report import SCHEMA_VERSION, AuditReport
 
 _private_random = random.Random(os.urandom(8))  # never the user's generators
 _sessions: dict[Path, Session] = {}
-_lock = threading.Lock()
+_lock = forksafe.lock()
 # Exchanges per audit identity (label) in this process, whatever the report directory: the
 # store keys of two sessions audited at one line must differ (they share one store).
 _occurrences: dict[str, int] = {}
@@ -68,7 +67,7 @@ class Session:
         self.findings: list[Finding] = []
         self.records: dict[int, records.RankRecord] = {}
         self._next_index = 0
-        self._lock = threading.RLock()
+        self._lock = forksafe.lock()
 
     def reserve(self) -> int:
         """The index of a new audit in this session."""

@@ -12,6 +12,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from rngaudit import peek
 from rngaudit.records import SamplerDraw
 
 _MAX_CHAIN = 8
@@ -50,12 +51,15 @@ def _is_iterable_shard(obj: Any) -> bool:
 
 
 def chain(root: Any) -> list[Any]:
-    """``root`` and the samplers inside it (``batch_sampler`` / ``sampler``), outermost first."""
+    """``root`` and the samplers inside it (``batch_sampler`` / ``sampler``), outermost first.
+
+    No truth value is taken (a ``BatchSampler``'s is its ``len()``, which an unsized sampler
+    raises) and nothing is iterated."""
     out: list[Any] = []
     node = root
     while node is not None and len(out) < _MAX_CHAIN and all(node is not c for c in out):
         out.append(node)
-        node = getattr(node, "batch_sampler", None) or getattr(node, "sampler", None)
+        node = peek.first_attr(node, "batch_sampler", "sampler")
     return out
 
 
@@ -63,9 +67,9 @@ def shard_of(nodes: list[Any]) -> Any:
     """The sampler that splits the order between ranks, or None."""
     for node in nodes:
         if _is_batch_sampler_shard(node):
-            if int(getattr(node, "num_processes", 1) or 1) > 1:
+            if peek.integer(peek.attr(node, "num_processes"), 1) > 1:
                 return node
-        elif is_distributed_sampler(node) and int(getattr(node, "num_replicas", 1) or 1) > 1:
+        elif is_distributed_sampler(node) and peek.integer(peek.attr(node, "num_replicas"), 1) > 1:
             return node
     return None
 
@@ -78,7 +82,7 @@ def is_shuffling(nodes: list[Any]) -> bool:
     """Whether the order is random by design (so an epoch repeating the last is suspicious)."""
     for node in nodes:
         if is_distributed_sampler(node):
-            return bool(getattr(node, "shuffle", False))
+            return bool(peek.flag(peek.attr(node, "shuffle")))
         if _class_name(node) in SHUFFLING:
             return True
     return False
@@ -86,14 +90,14 @@ def is_shuffling(nodes: list[Any]) -> bool:
 
 def loader_chain(loader: Any) -> list[Any]:
     """A DataLoader's batch sampler (or sampler) and the samplers inside it, outermost first."""
-    return chain(getattr(loader, "batch_sampler", None) or getattr(loader, "sampler", None))
+    return chain(peek.first_attr(loader, "batch_sampler", "sampler"))
 
 
 def loader_is_sharded(loader: Any) -> bool:
     """A DataLoader whose order is split between ranks (or whose dataset is a shard)."""
     if shard_of(loader_chain(loader)) is not None:
         return True
-    return _is_iterable_shard(getattr(loader, "dataset", None))
+    return _is_iterable_shard(peek.attr(loader, "dataset"))
 
 
 # --------------------------------------------------------------------------- the dataset
@@ -105,29 +109,38 @@ _index_digests: weakref.WeakKeyDictionary[Any, tuple[tuple[int, int], str]] = (
 
 
 def _digest_indices(indices: Any) -> str:
-    """crc32 of an index sequence (list, range, tensor, ndarray), read without drawing."""
+    """crc32 of an index sequence (list, tuple, range, tensor, ndarray), read without drawing;
+    any other shape (an iterator, a lazy mapping) is named, never iterated."""
     if isinstance(indices, range):
         return f"range({indices.start},{indices.stop},{indices.step})"
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(indices, torch.Tensor):
-        data = indices.detach().cpu().contiguous().numpy().tobytes()
-        return f"{zlib.crc32(data):08x}"
     try:
-        import array
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(indices, torch.Tensor):
+            data = indices.detach().cpu().contiguous().numpy().tobytes()
+            return f"{zlib.crc32(data):08x}"
+        numpy = sys.modules.get("numpy")
+        if numpy is not None and isinstance(indices, numpy.ndarray):
+            return f"{zlib.crc32(numpy.ascontiguousarray(indices).tobytes()):08x}"
+        if isinstance(indices, list | tuple):
+            import array
 
-        data = array.array("q", (int(i) for i in indices)).tobytes()
-    except (TypeError, ValueError, OverflowError):
-        data = repr(list(indices)).encode()
-    return f"{zlib.crc32(data):08x}"
+            try:
+                data = array.array("q", (int(i) for i in indices)).tobytes()
+            except (TypeError, ValueError, OverflowError):
+                data = repr(indices).encode()
+            return f"{zlib.crc32(data):08x}"
+    except Exception:  # a tensor subclass or element that cannot be read: unknown
+        pass
+    return f"unknown:{type(indices).__name__}"
 
 
 def _indices_digest(subset: Any) -> str:
     """The digest of a Subset's indices, cached while the same index object of the same size."""
-    indices = subset.indices
-    try:
-        key = (len(indices), id(indices))
-    except TypeError:
+    indices = peek.attr(subset, "indices")
+    n = peek.size(indices)
+    if n is None:
         return _digest_indices(indices)
+    key = (n, id(indices))
     cached = _index_digests.get(subset)
     if cached is not None and cached[0] == key:
         return cached[1]
@@ -144,26 +157,59 @@ def describe_dataset(dataset: Any, depth: int = 0) -> str:
     if depth > _MAX_DATASET_DEPTH:
         return "..."
     name = _class_name(dataset)
-    try:
-        size = str(len(dataset))
-    except Exception:
-        size = "?"
-    inner = getattr(dataset, "dataset", None)
-    if hasattr(dataset, "indices") and inner is not None:  # torch Subset and look-alikes
+    n = peek.size(dataset)
+    size = "?" if n is None else str(n)
+    inner = peek.attr(dataset, "dataset")
+    if peek.attr(dataset, "indices") is not None and inner is not None:  # Subset and look-alikes
         return (
             f"{name}(len={size}, indices={_indices_digest(dataset)}, "
             f"of={describe_dataset(inner, depth + 1)})"
         )
-    datasets = getattr(dataset, "datasets", None)
+    datasets = peek.attr(dataset, "datasets")
     if isinstance(datasets, list | tuple):  # ConcatDataset / ChainDataset
         parts = ", ".join(describe_dataset(d, depth + 1) for d in datasets[:64])
         return f"{name}(len={size}, [{parts}])"
-    fingerprint = getattr(dataset, "_fingerprint", None)  # Hugging Face datasets.Dataset
-    if isinstance(fingerprint, str):
-        return f"{name}(len={size}, fingerprint={fingerprint})"
+    if isinstance(peek.attr(dataset, "_fingerprint"), str):  # Hugging Face datasets.Dataset
+        # which rows, in which order: its indices mapping (select, shuffle, filter, splits);
+        # the fingerprint also covers content (a .map() augmentation): see describe_content
+        return f"{name}(len={size}, indices={_hf_indices_digest(dataset)})"
     if _is_iterable_shard(dataset) and inner is not None:
         return f"{name}(of={describe_dataset(inner, depth + 1)})"
     return f"{name}(len={size})"
+
+
+def _hf_indices_digest(dataset: Any) -> str:
+    """crc32 of a Hugging Face dataset's indices mapping (``None``: the rows as stored)."""
+    table = peek.attr(dataset, "_indices")
+    if table is None:
+        return "none"
+    cached = _index_digests.get(dataset)
+    if cached is not None and cached[0] == (peek.size(table) or 0, id(table)):
+        return cached[1]
+    try:
+        digest = _digest_indices(table.column(0).to_numpy())
+    except Exception:  # a layout this version does not have: unknown, never an error
+        return f"unknown:{type(table).__name__}"
+    with contextlib.suppress(TypeError):
+        _index_digests[dataset] = ((peek.size(table) or 0, id(table)), digest)
+    return digest
+
+
+def describe_content(dataset: Any, depth: int = 0) -> str:
+    """What the rows hold, where a library says so: the Hugging Face fingerprints in the
+    dataset's tree ("" when none). Ranks may differ here by design (a per-rank ``.map()``
+    augmentation) while sharding the same samples."""
+    if dataset is None or depth > _MAX_DATASET_DEPTH:
+        return ""
+    fingerprint = peek.attr(dataset, "_fingerprint")
+    if isinstance(fingerprint, str):
+        return fingerprint
+    inner = peek.attr(dataset, "dataset")
+    parts = [describe_content(inner, depth + 1)] if inner is not None else []
+    datasets = peek.attr(dataset, "datasets")
+    if isinstance(datasets, list | tuple):
+        parts += [describe_content(d, depth + 1) for d in datasets[:64]]
+    return ",".join(p for p in parts if p)
 
 
 # --------------------------------------------------------------------------- the order
@@ -180,25 +226,29 @@ class OrderTape:
         if len(self.batches) < PREFIX_BATCHES:
             try:
                 data = repr([int(i) for i in batch]).encode()
-            except (TypeError, ValueError):
-                data = repr(batch).encode()
+            except Exception:  # not a batch of int-like indices: its repr, else its type
+                try:
+                    data = repr(batch).encode()
+                except Exception:
+                    data = type(batch).__name__.encode()
             self.batches.append(f"{zlib.crc32(data):08x}")
 
 
 def distributed_sampler_state(sampler: Any) -> dict[str, Any]:
     """What fixes a DistributedSampler's global order (its rank excepted)."""
-    try:
-        size = len(sampler.dataset)
-    except Exception:
-        size = None
+
+    def read(name: str) -> Any:
+        value = peek.attr(sampler, name)
+        return value if value is None or isinstance(value, bool | int | float | str) else None
+
     return {
         "class": _class_name(sampler),
-        "seed": getattr(sampler, "seed", None),
-        "epoch": getattr(sampler, "epoch", None),
-        "shuffle": getattr(sampler, "shuffle", None),
-        "drop_last": getattr(sampler, "drop_last", None),
-        "num_replicas": getattr(sampler, "num_replicas", None),
-        "total_size": getattr(sampler, "total_size", None),
-        "dataset_len": size,
-        "resume_at": getattr(sampler, "next_yielded", None),
+        "seed": read("seed"),
+        "epoch": read("epoch"),
+        "shuffle": read("shuffle"),
+        "drop_last": read("drop_last"),
+        "num_replicas": read("num_replicas"),
+        "total_size": read("total_size"),
+        "dataset_len": peek.size(peek.attr(sampler, "dataset")),
+        "resume_at": read("next_yielded"),
     }

@@ -6,16 +6,15 @@ import atexit
 import logging
 import os
 import sys
-import threading
 from collections.abc import Callable
 from typing import Any
 
-from rngaudit import config
+from rngaudit import config, forksafe
 from rngaudit.patching import PatchSet
 
 log = logging.getLogger("rngaudit")
 _started = False
-_lock = threading.Lock()
+_lock = forksafe.lock()
 CONTROLLER: Any = None
 # For the life of the process (a worker's loop stays wrapped): never undone.
 PATCHES = PatchSet()

@@ -33,6 +33,7 @@ MUST_RAISE = {  # scenario -> first corrupted epoch
     "set_epoch_differs": 1,
     "mid_training_rank0_eval": 1,
     "resume_from_stale_checkpoint": 1,
+    "hf_shuffle_per_rank": 0,
 }
 MUST_STAY_CLEAN = [
     "ds_shared_seed_per_rank_global",
@@ -42,8 +43,14 @@ MUST_STAY_CLEAN = [
     "set_epoch_forgotten",
     "eval_all_ranks",
     "rank0_only_eval_loader",
+    "hf_map_per_rank_augment",
 ]
-DATASET = {"random_split_per_rank", "subset_randperm_accelerate", "shuffled_list_accelerate"}
+DATASET = {
+    "random_split_per_rank",
+    "subset_randperm_accelerate",
+    "shuffled_list_accelerate",
+    "hf_shuffle_per_rank",
+}
 HOWS = ["block", "env"]
 
 
@@ -168,6 +175,17 @@ def test_forgotten_set_epoch_warns(runs: dict[str, Any]) -> None:
         assert all("set_epoch" in f["remedy"] for f in kinds)
     correct = runs["none"][0]["set_epoch_correct"]["epochs"]
     assert correct[0] != correct[1]
+
+
+def test_a_per_rank_map_augmentation_is_a_warning_that_says_so(runs: dict[str, Any]) -> None:
+    """Per-rank content (``.map()`` seeded per rank) with the same samples: intact (measured in
+    test_scenario_is_what_it_claims), so at most a warning naming the content, never an error."""
+    for how in HOWS:
+        merged = json.loads((runs[how + "_dir"] / "report" / "report.json").read_text())
+        content = [f for f in merged["findings"] if f["kind"] == "dataset-content-divergence"]
+        assert content, how
+        assert all(f["severity"] == "warning" for f in content)
+        assert all("partition is intact" in f["message"] for f in content)
 
 
 @pytest.mark.parametrize("how", HOWS)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import functools
 import logging
 import sys
-import threading
 
+from rngaudit import forksafe
 from rngaudit.instrument import loaders as instrument_loaders
 from rngaudit.instrument import samplers as instrument_samplers
 from rngaudit.instrument.numpy_random import NumpyInstrumentation
@@ -17,7 +17,7 @@ from rngaudit.recorder import RECORDER, Recorder
 log = logging.getLogger("rngaudit")
 # The modules whose import installs a part (or marks samplers) while a window is open.
 WATCHED = ("torch", "numpy.random", *instrument_samplers.KNOWN)
-_lock = threading.RLock()
+_lock = forksafe.lock()
 
 
 class Instrumentation:

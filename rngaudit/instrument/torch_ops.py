@@ -9,7 +9,7 @@ from collections.abc import Callable
 from sys import _getframe
 from typing import Any
 
-from rngaudit import fingerprint, naming
+from rngaudit import fingerprint, forksafe, naming
 from rngaudit.callsite import Stack
 from rngaudit.events import DRAW, SEED, STATE
 from rngaudit.instrument import seeded_ops
@@ -144,7 +144,7 @@ class KeyedKernels:
 
 _keyed: KeyedKernels | None = None
 _keyed_state = "unknown"  # "unknown", "ready", "refused"
-_keyed_lock = threading.Lock()
+_keyed_lock = forksafe.lock()
 FORCE_DISPATCH_MODE = False  # tests force the fallback
 
 
@@ -234,7 +234,7 @@ class TorchInstrumentation:
         self.mode_class: Any = None  # the fallback dispatch mode's class (the key is taken)
         self.keyed: KeyedKernels | None = None
         self.threads: dict[int, Any] = {}  # thread ident -> its mode, None for the key
-        self._threads_lock = threading.Lock()
+        self._threads_lock = forksafe.lock()
         self._cpu_info: GenInfo | None = None
         self.torch: Any = None
         self._gens: dict[int, GenInfo] = {}

@@ -186,6 +186,16 @@ def _children(
     return _attribute_children(obj, path, module_type, class_cache)
 
 
+# Libraries that copy one generator into every worker on purpose: Hugging Face ``datasets``'
+# iterable pipelines shuffle their shard list with it in each worker, so the workers agree on
+# which shards exist before each takes its own (the buffer shuffle then runs on distinct data).
+_SHARED_BY_DESIGN = ("datasets.iterable_dataset",)
+
+
+def _shares_by_design(obj: object) -> bool:
+    return str(getattr(type(obj), "__module__", "")).startswith(_SHARED_BY_DESIGN)
+
+
 def _attribute_children(
     obj: object,
     path: str,
@@ -193,6 +203,8 @@ def _attribute_children(
     class_cache: dict[type, list[tuple[str, Any]]],
 ) -> Iterator[tuple[str, Any]]:
     d = _instance_dict(obj)
+    if d is not None and _shares_by_design(obj):
+        d = {k: v for k, v in dict.items(d) if generator_kind(v) is None}
     is_module = module_type is not None and isinstance(obj, module_type)
     if d is not None:
         for name, value in islice(dict.items(d), MAX_ATTRS):

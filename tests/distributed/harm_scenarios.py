@@ -330,6 +330,31 @@ def eval_all_ranks(ctx: Ctx) -> Plan:
     return Plan(ctx.audited(lambda: acc.prepare(loader)), epochs=2, after_epoch=evaluate)
 
 
+def _hf_items(n: int) -> Any:
+    import datasets  # Hugging Face (imported here: the other scenarios do without it)
+
+    return datasets.Dataset.from_dict({"i": list(range(n))})
+
+
+def hf_map_per_rank_augment(ctx: Ctx) -> Plan:
+    """A per-rank augmentation baked in by ``.map()``: each rank's rows differ in content
+    (and so in fingerprint), while every rank shards the same samples."""
+    seed_all(0)
+    rng = np.random.default_rng(ctx.rank)  # per-rank augmentation, by design
+    ds = _hf_items(N).map(lambda ex: {"x": ex["i"] + float(rng.random())})
+    loader, sampler = _dist_loader(ctx, ds.with_format("torch"), seed=3)
+    return Plan(loader, epochs=2, before_epoch=sampler.set_epoch)
+
+
+def hf_shuffle_per_rank(ctx: Ctx) -> Plan:
+    """``Dataset.shuffle(seed=rank)`` before a DistributedSampler: each rank shards its own
+    order of the rows (the indices mapping differs), duplicating some and dropping others."""
+    seed_all(0)
+    ds = _hf_items(N).shuffle(seed=ctx.rank).with_format("torch")
+    loader, _ = _dist_loader(ctx, ds, seed=3)
+    return Plan(loader)
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in [
@@ -350,6 +375,8 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("resume_from_stale_checkpoint", resume_from_stale_checkpoint, True),
         Scenario("eval_all_ranks", eval_all_ranks, True),
         Scenario("rank0_only_eval_loader", rank0_only_eval_loader, True),
+        Scenario("hf_map_per_rank_augment", hf_map_per_rank_augment, True),
+        Scenario("hf_shuffle_per_rank", hf_shuffle_per_rank),
     ]
 }
 
@@ -358,6 +385,8 @@ SCENARIOS: dict[str, Scenario] = {
 
 
 def _items(batch: Any) -> list[int]:
+    if isinstance(batch, dict):  # a Hugging Face dataset's rows: the item is column "i"
+        batch = batch["i"]
     if isinstance(batch, list | tuple):
         batch = batch[0]
     if isinstance(batch, torch.Tensor):

@@ -10,7 +10,7 @@ import os
 import sys
 
 import torch
-from datasets import Dataset  # type: ignore[import-untyped]
+from datasets import Dataset
 from transformers import Trainer, TrainingArguments
 
 sys.path.insert(0, os.path.dirname(__file__))
