@@ -103,8 +103,8 @@ class StateWatch:
     """numpy's generator methods cannot be intercepted (C types): their draws are seen as
     state changes. While installed (``sys.setprofile``, this thread, first batch only), at
     each call and return of a user-code function the followed generators' states are read;
-    a change is a draw made by the code that ran since, named by that frame's call site,
-    with the state before it."""
+    a change is a draw (or a reseed) made by the code that ran since, named by that frame's
+    call site, with the states before and after it."""
 
     def __init__(self, rec: DrawRecorder) -> None:
         self.rec = rec
@@ -154,7 +154,9 @@ class StateWatch:
         for entry in self.followed.values():
             now = _of(entry[0])
             if now != entry[2]:
-                changed.append((entry[1], entry[2]))
+                # the transition is the evidence: a reseed changes the state too, but only
+                # a draw from a duplicated stream goes from the same state to the same state
+                changed.append((entry[1], f"{entry[2]}>{now}"))
                 entry[2] = now
         if not changed or frame is None:
             return

@@ -193,3 +193,18 @@ def duplicates(reports: Mapping[int, Mapping[str, Any]]) -> list[Duplicate]:
     confirmed_keys = {d.key for d in by_state if d.confirmed}
     by_state = [d for d in by_state if d.confirmed or d.key not in confirmed_keys]
     return [*by_draws, *by_state]
+
+
+def drawn(reports: Mapping[int, Mapping[str, Any]]) -> dict[str, int]:
+    """The holders seen drawing (or advancing) in the first batch: path -> number of workers."""
+    workers: dict[str, set[int]] = {}
+    for worker, report in _ok(reports).items():
+        for draw in _items(report, "draws"):
+            holder = draw.get("holder")
+            if isinstance(holder, str):
+                workers.setdefault(holder, set()).add(worker)
+        for state in _items(report, "states"):
+            path = state.get("path")
+            if isinstance(path, str) and state.get("before") != state.get("after"):
+                workers.setdefault(path, set()).add(worker)
+    return {path: len(ws) for path, ws in workers.items()}

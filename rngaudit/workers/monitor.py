@@ -251,6 +251,7 @@ def analyse(
         persistent_paths.append((dup.key, dup.type, "warning"))
 
     timed_out = waited_in_vain is None or bool(waited_in_vain)
+    drawing = evidence.drawn(draws or {})
     for path, (kind, cls) in types_of.items():
         if path in named:
             continue
@@ -278,7 +279,7 @@ def analyse(
             }
             findings.append(_stream_finding("warning", message, rank, kind, details))
             persistent_paths.append((path, kind, "warning"))
-        elif len(observed) >= 2:
+        elif drawing.get(path, 0) >= 2:  # drawn from in the workers, differently in each
             persistent_paths.append((path, kind, "info"))
 
     if persistent:
