@@ -141,7 +141,9 @@ class BadShapes(Dataset[torch.Tensor]):
         rng5 = np.random.default_rng(5)
         self.lam = Compose([lambda x: x + float(rng5.normal())] if fork else [_zero])
         self.bound = Compose([ToFloat(), Augmenter(6).jitter])
-        self.deep = ConcatDataset([Inner(Compose([ToFloat(), RandomApply([Jitter(7)])]))])
+        self.deep: ConcatDataset[float] = ConcatDataset(
+            [Inner(Compose([ToFloat(), RandomApply([Jitter(7)])]))]
+        )
         self.init_made: Any = None  # the worker_init_fn builds it, with a constant seed
         self.ss = np.random.SeedSequence(9)
         self.ss_rng: Any = None
