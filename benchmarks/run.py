@@ -270,6 +270,29 @@ def rows_draws(r: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def rows_workers(r: dict[str, Any]) -> list[Row]:
+    later = r["later_audited"] / r["later_plain"]
+    return [
+        (
+            f"Worker-stream check: first batch of a loader ({r['workers']} fork workers; each "
+            f"worker observes its first batch, the parent waits for their reports)",
+            ms(r["first_plain"]),
+            ms(r["first_audited"]),
+            f"+{(r['first_audited'] - r['first_plain']) * 1e3:.0f} ms",
+            "-",
+            met(None),
+        ),
+        (
+            f"Worker-stream check: later batches (median per batch, {r['batches'] - 1} a run)",
+            ms(r["later_plain"]),
+            ms(r["later_audited"]),
+            f"{later:.3f}x",
+            "1.00x (full speed)",
+            met(later <= 1.05),
+        ),
+    ]
+
+
 def rows_prepare(r: dict[str, Any]) -> list[Row]:
     lo, hi = r["ratio_range"]
     return [
@@ -577,7 +600,8 @@ def machine() -> str:
 # --------------------------------------------------------------------------- main
 
 SECTIONS = (
-    "startup", "draws", "prepare", "after", "epochs", "compare", "exchange", "report", "scale",
+    "startup", "draws", "prepare", "after", "epochs", "workers", "compare", "exchange", "report",
+    "scale",
 )  # fmt: skip
 
 
@@ -610,6 +634,10 @@ def main() -> int:
             rows_prepare,
         ),
         "after": (lambda: bench_after_window(3 if q else 6, tmp), rows_after),
+        "workers": (
+            lambda: run_json("bench_workers.py", ["--pairs", "3" if q else "6"], env),
+            rows_workers,
+        ),
         "epochs": (lambda: bench_epochs(2 if q else 4, tmp), rows_epochs),
         "compare": (
             lambda: run_json(

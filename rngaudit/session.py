@@ -284,6 +284,7 @@ class Session:
                     f.kind == finding.kind
                     and f.details.get("path") == finding.details.get("path")
                     and f.details.get("path") is not None
+                    and f.details.get("dataset") == finding.details.get("dataset")
                 )
             ]
             self.findings.append(finding)

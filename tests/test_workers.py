@@ -184,7 +184,10 @@ def test_find_generators_is_bounded_and_cycle_safe() -> None:
             self.early = [None] * (MAX_ITEMS - 1) + [random.Random(0)]
             self.late = [None] * MAX_ITEMS + [random.Random(0)]
             self.me = self
-            self.deep = [[[[[[[[random.Random(0)]]]]]]]]
+            deep: Any = random.Random(0)
+            for _ in range(20):  # deeper than MAX_DEPTH
+                deep = [deep]
+            self.deep = deep
 
     big = Big()
     paths = [r.path for r in find_generators(big)]
@@ -220,32 +223,95 @@ def _report(worker: int, **fps: str) -> dict[str, Any]:
     return {"worker_id": worker, "status": "ok", "generators": gens}
 
 
+SITE = {"file": "/src/aug.py", "line": 7, "function": "jitter"}
+
+
+def _draws(worker: int, states: list[dict[str, Any]] | None = None, **holders: Any) -> Any:
+    """A worker's draw report: per holder, the fingerprints before its draws at SITE."""
+    draws = [
+        {
+            "generator": "random.Random#1",
+            "type": PY_RANDOM,
+            "holder": f"dataset.{h}",
+            "op": "random.random",
+            "site": SITE,
+            "user_site": None,
+            "count": len(fps),
+            "fingerprints": list(fps),
+        }
+        for h, fps in holders.items()
+    ]
+    return {"worker_id": worker, "status": "ok", "draws": draws, "states": states or []}
+
+
 def test_analyse_groups_diversity_and_confirmation() -> None:
     static = [GeneratorRef("dataset.a", PY_RANDOM, "random.Random", None)]
     static.append(GeneratorRef("dataset.b", PY_RANDOM, "random.Random", None))
-    reports = {
-        0: _report(0, a="x", b="1"),
-        1: _report(1, a="x", b="2"),
-        2: _report(2, a="y", b="3"),
-        3: _report(3, a="x", b="4"),
+    inits = {w: _report(w, a="x", b="same") for w in range(4)}  # equal state after init
+    draws = {
+        0: _draws(0, a=["x", "x1"], b=["10", "11"]),
+        1: _draws(1, a=["x", "x1"], b=["20", "21"]),
+        2: _draws(2, a=["y", "y1"], b=["30", "31"]),
+        3: _draws(3, a=["x", "x1"], b=["40", "41"]),
     }
-    (finding,) = analyse(static, reports, num_workers=4, persistent=False)
+    (finding,) = analyse(static, inits, 4, persistent=False, draws=draws, waited_in_vain=[])
     assert finding.severity == "error" and finding.details["path"] == "dataset.a"
-    assert finding.details["worker_ids"] == [0, 1, 3]
+    assert finding.details["worker_ids"] == [0, 1, 3] and finding.details["evidence"] == "draws"
+    assert finding.details["call_sites"] == ["aug.py:7 in jitter"]
     assert finding.details["distinct_streams"] == 2 and finding.details["diversity"] == 0.5
+    assert "aug.py:7 in jitter" in finding.message and "2/4" in finding.message
     assert "torch.initial_seed()" in (finding.remedy or "")
     assert "worker_init_fn" in (finding.remedy or "") and "index" in (finding.remedy or "")
 
-    # Only one worker reported in time: unconfirmed, severity warning.
+    # Equal state after worker_init_fn, but the draws differ (or none were made): no finding.
+    only_b = {w: _draws(w, b=r["draws"][1]["fingerprints"]) for w, r in draws.items()}
+    assert analyse(static, inits, 4, persistent=False, draws=only_b, waited_in_vain=[]) == []
+    # A generator reset to the same state for every sample repeats within each worker: its
+    # draws would repeat without workers too, so it is not a duplicated worker stream.
+    reset = {w: _draws(w, a=["r", "r"]) for w in range(2)}
+    assert analyse([], {}, 2, persistent=False, draws=reset, waited_in_vain=[]) == []
+
+    # Workers did not report their draws in time: unconfirmed, severity warning.
     (unconfirmed,) = analyse(static[:1], {0: _report(0, a="x")}, 4, persistent=False)
     assert unconfirmed.severity == "warning" and unconfirmed.details["confirmed"] is False
     assert unconfirmed.details["worker_ids"] == [0, 1, 2, 3]
+    # ... but not when the other workers had no work (fewer batches than workers)
+    one = {0: _draws(0, a=["x"])}
+    assert analyse(static[:1], {}, 4, persistent=False, draws=one, waited_in_vain=[]) == []
 
     # Distinct in every worker: clean; with persistent workers only an info note.
-    distinct = {w: _report(w, b=str(w)) for w in range(4)}
-    assert analyse(static[1:], distinct, 4, persistent=False) == []
-    (note,) = analyse(static[1:], distinct, 4, persistent=True)
+    distinct = {w: _draws(w, b=[str(w)]) for w in range(4)}
+    assert analyse(static[1:], inits, 4, persistent=False, draws=distinct, waited_in_vain=[]) == []
+    (note,) = analyse(static[1:], {}, 4, persistent=True, draws=distinct, waited_in_vain=[])
     assert (note.kind, note.severity) == (PERSISTENT_WORKER_STREAM, "info")
+
+
+def _state(path: str | None, before: str | None, after: str, created: Any = None) -> Any:
+    return {"path": path, "type": NUMPY_GENERATOR, "created_at": created, "before": before,
+            "after": after}  # fmt: skip
+
+
+def test_analyse_state_evidence() -> None:
+    """numpy generators: the same state advancing identically in two workers."""
+    advanced = {w: _draws(w, [_state("dataset.rng", "s0", "s1")]) for w in range(3)}
+    (finding,) = analyse([], {}, 3, False, draws=advanced, waited_in_vain=[])
+    assert finding.severity == "error" and finding.details["evidence"] == "state"
+    assert finding.details["worker_ids"] == [0, 1, 2] and "1/3" in finding.message
+    unused = {w: _draws(w, [_state("dataset.rng", "s0", "s0")]) for w in range(3)}
+    assert analyse([], {}, 3, False, draws=unused, waited_in_vain=[]) == []  # never drawn
+    per_worker = {w: _draws(w, [_state("dataset.rng", "s0", f"s{w + 1}")]) for w in range(3)}
+    assert analyse([], {}, 3, False, draws=per_worker, waited_in_vain=[]) == []
+    # created in the batch (default_rng) at one site, with one seed: named by the site
+    made = {w: _draws(w, [_state(None, "c", "c1", SITE)]) for w in range(2)}
+    (created,) = analyse([], {}, 2, False, draws=made, waited_in_vain=[])
+    assert created.details["path"] == "created at aug.py:7 in jitter"
+    # per sample: created twice in each worker from one seed: not a worker duplicate
+    twice = {w: _draws(w, [_state(None, "c", "c1", SITE)] * 2) for w in range(2)}
+    assert analyse([], {}, 2, False, draws=twice, waited_in_vain=[]) == []
+    # appeared in the batch, constructor not observed: unconfirmed warning at most
+    fresh = {w: _draws(w, [_state("dataset.rs", None, "f")]) for w in range(2)}
+    (warning,) = analyse([], {}, 2, False, draws=fresh, waited_in_vain=[])
+    assert warning.severity == "warning" and warning.details["confirmed"] is False
 
 
 def test_mode_and_timeout_are_validated() -> None:
@@ -323,10 +389,10 @@ def test_nested_transform_list_and_dict(monitored: Any) -> None:
     assert "1/3" in found["dataset.transform.rng"].message
 
 
-def test_lazy_generator_is_clean_and_nothing_is_armed(monitored: Any) -> None:
+def test_lazy_generator_is_clean(monitored: Any) -> None:
     m = monitored()
     it = iter(loader(wd.LazyDataset()))
-    assert type(it) is MP_ITER
+    assert type(it) is not MP_ITER  # armed: the workers' draws decide, not the parent's walk
     rows = torch.cat(list(it))
     assert m.found == []
     by_worker = {int(r[0]): float(r[2]) for r in rows}
@@ -449,10 +515,12 @@ def test_confirmed_replaces_unconfirmed_once(monitored: Any) -> None:
     m.monitor._publish(unconfirmed)
     confirmed = analyse(
         [],
-        {0: _report(0, rng="x"), 1: _report(1, rng="x")},
+        {},
         2,
         False,
         "D",
+        draws={0: _draws(0, rng=["x"]), 1: _draws(1, rng=["x"])},
+        waited_in_vain=[],
     )
     m.monitor._publish(confirmed)
     m.monitor._publish(unconfirmed)  # a later timeout does not downgrade it

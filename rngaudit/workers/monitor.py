@@ -18,6 +18,8 @@ from rngaudit.config import MODES
 from rngaudit.errors import ConfigError, RNGAuditWarning, WorkerDuplicateStreamError
 from rngaudit.findings import PERSISTENT_WORKER_STREAM, WORKER_DUPLICATE_STREAM, Finding
 from rngaudit.patching import PatchSet
+from rngaudit.workers import evidence
+from rngaudit.workers.draws import DRAW_PREFIX
 from rngaudit.workers.probe import GeneratorRef, WorkerProbe, find_generators, read_reports
 
 TORCH_DATALOADER = "torch.utils.data.dataloader"
@@ -158,6 +160,35 @@ def _format_ids(ids: Sequence[int]) -> str:
     return ", ".join(str(i) for i in ids)
 
 
+def _duplicate_message(dup: evidence.Duplicate) -> str:
+    ids = dup.worker_ids
+    groups_text = "; ".join(f"workers {_format_ids(g)}" for g in dup.groups)
+    what = dup.holder or "a generator"
+    if dup.evidence == evidence.DRAWS:
+        where = " and ".join(dup.call_sites)
+        reached = f" (reached from {', '.join(dup.user_sites)})" if dup.user_sites else ""
+        seen = f"drew from the same state at {where}{reached} in {groups_text}"
+    elif dup.confirmed:
+        made = f", created at {dup.created_at}," if dup.created_at else ""
+        seen = (
+            f"{made} advanced from the same state to the same state during the first batch "
+            f"in {groups_text}"
+        )
+    else:
+        seen = (
+            f"appeared during the first batch in the same state in {groups_text} (built by a "
+            f"constructor rngaudit does not observe; its draws were not seen: unconfirmed)"
+        )
+    reporting, distinct = len(dup.reporting), dup.distinct
+    return (
+        f"DataLoader workers {_format_ids(ids)} share one random stream: {what} ({dup.type}) "
+        f"{seen.lstrip(', ')}. Every worker's copy starts from (or is rebuilt to) the same state "
+        f"(PyTorch reseeds only the global torch, random and numpy generators per worker), so "
+        f"{reporting} workers draw {distinct} distinct stream{'s' if distinct != 1 else ''}: "
+        f"{distinct}/{reporting} of the intended augmentation diversity."
+    )
+
+
 def analyse(
     static: Sequence[GeneratorRef],
     reports: dict[int, dict[str, Any]],
@@ -165,90 +196,97 @@ def analyse(
     persistent: bool,
     dataset: str = "",
     rank: int = 0,
+    draws: dict[int, dict[str, Any]] | None = None,
+    waited_in_vain: Sequence[int] | None = None,
 ) -> list[Finding]:
-    """Compare the worker fingerprints per path; the pure core of the first-batch check.
+    """Decide from the workers' first-batch draws; the pure core of the first-batch check.
 
-    ``static`` are the generators found in the parent's dataset, ``reports`` the worker
-    reports by worker id. A path whose state is equal in two or more workers is a confirmed
-    duplicate (error); a statically found path that fewer than two workers reported on is
-    unconfirmed (warning); a path whose state differs in every worker is clean.
+    ``static`` are the generators the walk found in the parent's loader, ``reports`` the
+    workers' init reports (their generators' state right after ``worker_init_fn``) and
+    ``draws`` their draw reports (:mod:`rngaudit.workers.draws`), by worker id. A call site
+    that drew from the same state in two workers, or a generator that advanced identically
+    in two workers, is a confirmed duplicate (error). Equal state without the draws is never
+    an error: a generator the walk found is an unconfirmed warning only when fewer than two
+    workers' draws were observed because workers did not report in time
+    (``waited_in_vain``; None: not known).
     """
-    by_path: dict[str, dict[int, str]] = {}
+    observed = sorted(
+        w for w, r in (draws or {}).items() if isinstance(r, dict) and r.get("status") == "ok"
+    )
     types_of: dict[str, tuple[str, str]] = {}
     ok_workers = sorted(w for w, r in reports.items() if r.get("status") == "ok")
     for worker_id in ok_workers:
         for gen in reports[worker_id].get("generators", []):
             path = str(gen["path"])
-            by_path.setdefault(path, {})[worker_id] = str(gen["fingerprint"])
             types_of.setdefault(path, (str(gen["type"]), str(gen.get("class", gen["type"]))))
     for ref in static:
         types_of.setdefault(ref.path, (ref.kind, ref.cls))
-    static_paths = {ref.path for ref in static}
 
     findings: list[Finding] = []
     persistent_paths: list[tuple[str, str, str]] = []
-    for path, (kind, cls) in types_of.items():
-        fps = by_path.get(path, {})
-        groups: dict[str, list[int]] = {}
-        for worker_id, fp in sorted(fps.items()):
-            groups.setdefault(fp, []).append(worker_id)
-        shared = sorted(g for g in groups.values() if len(g) >= 2)
+    named: set[str] = set()
+    for dup in evidence.duplicates(draws or {}):
+        named.add(dup.key)
         details: dict[str, Any] = {
-            "path": path,
-            "type": kind,
-            "class": cls,
+            "path": dup.key,
+            "type": dup.type,
+            "class": types_of.get(dup.key, (dup.type, dup.type))[1],
             "dataset": dataset,
             "num_workers": num_workers,
             "persistent_workers": persistent,
+            "worker_ids": dup.worker_ids,
+            "groups": dup.groups,
+            "reporting_workers": dup.reporting,
+            "distinct_streams": dup.distinct,
+            "diversity": dup.distinct / len(dup.reporting),
+            "confirmed": dup.confirmed,
+            "evidence": dup.evidence,
+            "holder": dup.holder,
+            "call_sites": dup.call_sites,
+            "user_sites": dup.user_sites,
+            "created_at": dup.created_at,
         }
-        if shared:
-            worker_ids = sorted(w for g in shared for w in g)
-            reporting, distinct = len(fps), len(groups)
-            groups_text = "; ".join(f"workers {_format_ids(g)}" for g in shared)
-            message = (
-                f"DataLoader workers {_format_ids(worker_ids)} share one random stream: "
-                f"{path} ({kind}) has the same state in {groups_text}. It was created before "
-                f"the workers started and copied into each one (PyTorch reseeds only the "
-                f"global torch, random and numpy generators per worker), so {reporting} "
-                f"workers draw {distinct} distinct stream{'s' if distinct != 1 else ''}: "
-                f"{distinct}/{reporting} of the intended augmentation diversity."
-            )
-            details.update(
-                worker_ids=worker_ids,
-                groups=shared,
-                reporting_workers=sorted(fps),
-                distinct_streams=distinct,
-                diversity=distinct / reporting,
-                confirmed=True,
-            )
-            findings.append(_stream_finding("error", message, rank, kind, details))
-            persistent_paths.append((path, kind, "warning"))
-        elif path in static_paths and len(fps) < 2 and num_workers >= 2:
+        severity = "error" if dup.confirmed else "warning"
+        findings.append(_stream_finding(severity, _duplicate_message(dup), rank, dup.type, details))
+        persistent_paths.append((dup.key, dup.type, "warning"))
+
+    timed_out = waited_in_vain is None or bool(waited_in_vain)
+    drawing = evidence.drawn(draws or {})
+    for path, (kind, cls) in types_of.items():
+        if path in named:
+            continue
+        if len(observed) < 2 and timed_out and num_workers >= 2:
             expected = list(range(num_workers))
             message = (
-                f"{path} ({kind}) is owned by the dataset and is copied unchanged into every "
-                f"DataLoader worker ({_format_ids(expected)}): unless each worker reseeds it, "
-                f"{num_workers} workers draw 1 distinct stream (1/{num_workers} of the "
-                f"intended diversity). Unconfirmed: {len(fps)} of {num_workers} workers "
-                f"reported their generator state in time."
+                f"{path} ({kind}) is held by the DataLoader's dataset or collate_fn and is "
+                f"copied unchanged into every worker ({_format_ids(expected)}): unless each "
+                f"worker reseeds it, {num_workers} workers draw 1 distinct stream "
+                f"(1/{num_workers} of the intended diversity). Unconfirmed: {len(observed)} "
+                f"of {num_workers} workers reported their first batch's draws in time."
             )
-            details.update(
-                worker_ids=expected,
-                reporting_workers=sorted(fps),
-                distinct_streams=None,
-                diversity=1 / num_workers,
-                confirmed=False,
-            )
+            details = {
+                "path": path,
+                "type": kind,
+                "class": cls,
+                "dataset": dataset,
+                "num_workers": num_workers,
+                "persistent_workers": persistent,
+                "worker_ids": expected,
+                "reporting_workers": observed,
+                "distinct_streams": None,
+                "diversity": 1 / num_workers,
+                "confirmed": False,
+            }
             findings.append(_stream_finding("warning", message, rank, kind, details))
             persistent_paths.append((path, kind, "warning"))
-        elif path in static_paths:
+        elif drawing.get(path, 0) >= 2:  # drawn from in the workers, differently in each
             persistent_paths.append((path, kind, "info"))
 
     if persistent:
         for path, kind, severity in persistent_paths:
             if severity == "warning":
                 message = (
-                    f"persistent_workers=True: {path} ({kind}) is owned by the dataset, so "
+                    f"persistent_workers=True: {path} ({kind}) is shared by the workers, so "
                     f"each worker's copy continues its stream across epochs, whereas without "
                     f"persistent workers every epoch restarts from the parent's copy: the "
                     f"augmentation stream depends on a performance flag."
@@ -319,10 +357,22 @@ class _IteratorCheck:
         self.num_workers = num_workers
         self.persistent = persistent
         self.dataset = dataset
+        self._loader: weakref.ref[Any] | None = None
         self.report_dir = _new_report_dir()
         self._finalizer: weakref.finalize[Any, Any] = weakref.finalize(
             self, shutil.rmtree, self.report_dir, True
         )
+
+    @property
+    def loader(self) -> Any:
+        return None if self._loader is None else self._loader()
+
+    @loader.setter
+    def loader(self, loader: Any) -> None:
+        try:
+            self._loader = weakref.ref(loader)
+        except TypeError:
+            self._loader = None
 
     def attach_finalizer(self, iterator: object) -> None:
         """Remove the report directory when the iterator goes, if the check never ran."""
@@ -332,34 +382,44 @@ class _IteratorCheck:
     def close(self) -> None:
         self._finalizer()
 
-    def wait_for_reports(self, iterator: object) -> dict[int, dict[str, Any]]:
-        """Reports of all live workers, or what arrived before the monitor's timeout."""
+    def wait_for_reports(
+        self, iterator: object
+    ) -> tuple[dict[int, dict[str, Any]], dict[int, dict[str, Any]], list[int]]:
+        """The init and draw reports, and the workers waited for in vain: every live worker
+        that was given work reports its first batch's draws, or the monitor's timeout ends
+        the wait. A worker with no work (fewer batches than workers), a dead one and one
+        whose ``worker_init_fn`` raised are not waited for."""
         workers = getattr(iterator, "_workers", None)
         deadline = time.monotonic() + self.monitor.timeout
-        pending = set(range(self.num_workers))
         delay = 0.002
         while True:
-            reports = read_reports(self.report_dir)
-            pending -= reports.keys()
+            inits = read_reports(self.report_dir)
+            draws = read_reports(self.report_dir, DRAW_PREFIX)
+            pending = _given_work(iterator, self.num_workers) - draws.keys()
+            pending = {w for w in pending if inits.get(w, {}).get("status") != "init-error"}
             if workers is not None:
-                pending = {w for w in pending if w < len(workers) and workers[w].is_alive()}
+                pending = {w for w in pending if w < len(workers) and _alive(workers[w])}
             if not pending or time.monotonic() >= deadline:
                 break
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
-        return read_reports(self.report_dir)
+        draws = read_reports(self.report_dir, DRAW_PREFIX)
+        return read_reports(self.report_dir), draws, sorted(pending - draws.keys())
 
     def run(self, iterator: object) -> None:
         """The first-batch check: wait for the reports, compare, emit; may raise."""
+        self.monitor.mark_checked(self.loader)
         try:
-            reports = self.wait_for_reports(iterator)
+            inits, draws, in_vain = self.wait_for_reports(iterator)
             findings = analyse(
                 self.static,
-                reports,
+                inits,
                 self.num_workers,
                 self.persistent,
                 dataset=self.dataset,
                 rank=exchange.current_rank(),
+                draws=draws,
+                waited_in_vain=in_vain,
             )
         except Exception as exc:  # the check must never break training
             warnings.warn(
@@ -369,6 +429,26 @@ class _IteratorCheck:
         finally:
             self.close()
         self.monitor._publish(findings)
+
+
+def _alive(worker: Any) -> bool:
+    try:
+        return bool(worker.is_alive())
+    except Exception:
+        return False
+
+
+def _given_work(iterator: object, num_workers: int) -> set[int]:
+    """The workers the iterator has sent an index to and not yet been answered by (read from
+    its task table, never iterated on the user's behalf); every worker when unknown."""
+    tasks = vars(iterator).get("_task_info") if hasattr(iterator, "__dict__") else None
+    if not isinstance(tasks, dict):
+        return set(range(num_workers))
+    given: set[int] = set()
+    for info in list(tasks.values()):
+        if isinstance(info, tuple) and info and isinstance(info[0], int):
+            given.add(info[0])
+    return given
 
 
 class WorkerMonitor:
@@ -392,6 +472,7 @@ class WorkerMonitor:
         self.timeout = float(timeout)
         self._lock = threading.Lock()
         self._emitted: dict[tuple[str, str, str], Finding] = {}
+        self._checked: dict[int, weakref.ref[Any]] = {}  # id -> loaders whose check ran
         self.on_start: Callable[[Any], None] | None = None  # called with each loader starting
 
     @property
@@ -446,7 +527,7 @@ class WorkerMonitor:
             return wrapped(*args, **kwargs)
         user_fn = loader.worker_init_fn
         try:
-            loader.worker_init_fn = WorkerProbe(user_fn, check.report_dir)
+            loader.worker_init_fn = WorkerProbe(user_fn, check.report_dir, self.timeout)
         except Exception:  # a loader that refuses the swap is run unaudited
             check.close()
             return wrapped(*args, **kwargs)
@@ -461,29 +542,51 @@ class WorkerMonitor:
         return result
 
     def _prepare(self, loader: Any) -> _IteratorCheck | None:
-        """Static scan of the loader's dataset; a check only when it holds generators."""
+        """A check for a loader with workers, once per loader (its first iterator: later
+        epochs' workers run unobserved); the static walk names the generators it holds."""
         try:
             num_workers = int(loader.num_workers)
             if num_workers <= 0 or isinstance(loader.worker_init_fn, WorkerProbe):
                 return None
-            dataset = loader.dataset
-            static = find_generators(dataset)
-            if not static:
+            if self.was_checked(loader):
                 return None
-            return _IteratorCheck(
+            dataset = loader.dataset
+            roots = [("collate_fn", getattr(loader, "collate_fn", None))]
+            static = find_generators(dataset, more_roots=roots)
+            check = _IteratorCheck(
                 self,
                 static,
                 num_workers,
                 bool(getattr(loader, "persistent_workers", False)),
                 _dataset_label(dataset),
             )
+            check.loader = loader
+            return check
         except Exception as exc:  # never break the user's loader
             warnings.warn(
-                f"rngaudit: cannot scan the DataLoader dataset for generators: {exc!r}",
+                f"rngaudit: cannot watch the DataLoader's workers: {exc!r}",
                 RNGAuditWarning,
                 stacklevel=4,
             )
             return None
+
+    def was_checked(self, loader: Any) -> bool:
+        with self._lock:
+            ref = self._checked.get(id(loader))
+            return ref is not None and ref() is loader
+
+    def mark_checked(self, loader: Any) -> None:
+        """The loader's workers were observed: its later iterators run unobserved."""
+        if loader is None:
+            return
+        try:
+            ref = weakref.ref(loader)
+        except TypeError:  # not weakly referable: checked again each time
+            return
+        with self._lock:
+            for key in [k for k, r in self._checked.items() if r() is None]:
+                del self._checked[key]
+            self._checked[id(loader)] = ref
 
     def _publish(self, findings: list[Finding]) -> None:
         """Sink and warn new or escalated findings; in raise mode, raise confirmed ones."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -13,12 +14,13 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from rngaudit import callsite
 from rngaudit import report_write as report_files
 from rngaudit.fingerprint import of as state_fingerprint
 
 # Bounds of one walk over a dataset graph: depth below the root, items looked at per
 # container (list, tuple, dict), attributes per object, and objects visited in all.
-MAX_DEPTH = 6
+MAX_DEPTH = 16
 MAX_ITEMS = 64
 MAX_ATTRS = 256
 MAX_NODES = 4096
@@ -46,13 +48,8 @@ _ATOMS: tuple[type, ...] = (
     memoryview,
     type,
     types.ModuleType,
-    types.FunctionType,
-    types.BuiltinFunctionType,
-    types.MethodType,
-    types.BuiltinMethodType,
     types.CodeType,
     types.FrameType,
-    types.GeneratorType,
     random.SystemRandom,  # no state to copy: reads the OS entropy pool
 )
 
@@ -169,12 +166,85 @@ def _key_repr(key: object) -> str:
     return f"<{type(key).__qualname__}>"
 
 
+class _Globals:
+    """A user module's globals, walked as ``module.name`` (reached from its functions and from
+    instances of its classes)."""
+
+    __slots__ = ("module", "names")
+
+    def __init__(self, module: str, names: dict[str, Any]) -> None:
+        self.module = module
+        self.names = names
+
+
+_PARTIAL_FIELDS = tuple(
+    (name, functools.partial.__dict__[name]) for name in ("func", "args", "keywords")
+)
+
+
+def _user_globals(filename: object, module: object, names: object) -> _Globals | None:
+    """The globals of user code (not a library's, not the stdlib's), or None."""
+    if not isinstance(filename, str) or not isinstance(names, dict):
+        return None
+    if callsite.classify(filename) != callsite.USER:
+        return None
+    return _Globals(module if isinstance(module, str) else "<module>", names)
+
+
+def _function_children(func: types.FunctionType, path: str) -> Iterator[tuple[str, Any]]:
+    """A function's closure cells, defaults and (user code only) module globals."""
+    code = func.__code__
+    for name, cell in zip(code.co_freevars, func.__closure__ or (), strict=False):
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        yield f"{path}.<closure {name}>", value
+    for i, value in enumerate(func.__defaults__ or ()):
+        yield f"{path}.__defaults__[{i}]", value
+    for name, value in islice(dict.items(func.__kwdefaults__ or {}), MAX_ITEMS):
+        yield f"{path}.__kwdefaults__[{name!r}]", value
+    found = _user_globals(code.co_filename, func.__module__, func.__globals__)
+    if found is not None:
+        yield found.module, found
+
+
+def _class_module_globals(cls: type) -> _Globals | None:
+    """The module globals of a class defined in user code."""
+    module = sys.modules.get(cls.__module__) if isinstance(cls.__module__, str) else None
+    if module is None:
+        return None
+    names = _instance_dict(module)
+    filename = names.get("__file__") if names is not None else None
+    return _user_globals(filename, cls.__module__, names)
+
+
 def _children(
     obj: object,
     path: str,
     module_type: type | None,
     class_cache: dict[type, list[tuple[str, Any]]],
 ) -> Iterable[tuple[str, Any]]:
+    if isinstance(obj, _Globals):
+        return (
+            (f"{obj.module}.{k}", v)
+            for k, v in islice(dict.items(obj.names), MAX_ATTRS)
+            if isinstance(k, str) and not k.startswith("__")
+        )
+    if isinstance(obj, types.FunctionType):
+        return _function_children(obj, path)
+    if isinstance(obj, types.MethodType):
+        return ((f"{path}.__self__", obj.__self__), (f"{path}.__func__", obj.__func__))
+    if isinstance(obj, (types.BuiltinFunctionType, types.MethodWrapperType)):
+        owner = getattr(obj, "__self__", None)
+        return () if owner is None else ((f"{path}.__self__", owner),)
+    if isinstance(obj, functools.partial):
+        return ((f"{path}.{n}", d.__get__(obj, type(obj))) for n, d in _PARTIAL_FIELDS)
+    if isinstance(obj, types.GeneratorType):
+        frame = obj.gi_frame  # a suspended generator's locals (an iterable dataset's iterator)
+        if frame is None:
+            return ()
+        return ((f"{path}.<local {k}>", v) for k, v in islice(frame.f_locals.items(), MAX_ATTRS))
     if isinstance(obj, dict):
         return ((f"{path}[{_key_repr(k)}]", v) for k, v in islice(dict.items(obj), MAX_ITEMS))
     if isinstance(obj, list):
@@ -224,6 +294,9 @@ def _attribute_children(
     for name, value in _class_generators(type(obj), class_cache):
         if d is None or name not in d:
             yield f"{path}.{name}", value
+    found = _class_module_globals(type(obj))
+    if found is not None:
+        yield found.module, found
 
 
 def find_generators(
@@ -232,19 +305,28 @@ def find_generators(
     *,
     max_depth: int = MAX_DEPTH,
     max_nodes: int = MAX_NODES,
+    more_roots: Iterable[tuple[str, object]] = (),
 ) -> list[GeneratorRef]:
-    """Generators reachable from ``root``, breadth first (shortest path wins), cycle-safe.
+    """Generators reachable from ``root`` (and ``more_roots``), breadth first (shortest path
+    wins), cycle-safe; each generator once.
 
     Reads attributes through the instance ``__dict__`` and slot descriptors only (no
-    properties or ``__getattr__`` run), looks at the first ``MAX_ITEMS`` items of each
-    container, never enters arrays or tensors, and stops after ``max_nodes`` objects.
+    properties or ``__getattr__`` run), and enters functions (closure cells, defaults, the
+    globals of user modules), bound methods, ``functools.partial`` objects and suspended
+    generators' locals; looks at the first ``MAX_ITEMS`` items of each container, never
+    enters arrays or tensors, and stops after ``max_nodes`` objects. Never raises.
     """
     leaves = _leaf_types()
     module_type = _torch_module_type()
     class_cache: dict[type, list[tuple[str, Any]]] = {}
     found: list[GeneratorRef] = []
-    seen = {id(root)}
-    queue: deque[tuple[object, str, int]] = deque([(root, root_path, 0)])
+    roots = [(root_path, root), *more_roots]
+    seen: set[int] = set()
+    queue: deque[tuple[object, str, int]] = deque()
+    for path, obj in roots:
+        if id(obj) not in seen and not isinstance(obj, leaves):
+            seen.add(id(obj))
+            queue.append((obj, path, 0))
     visited = 0
     while queue and visited < max_nodes:
         obj, path, depth = queue.popleft()
@@ -255,11 +337,15 @@ def find_generators(
             continue
         if depth >= max_depth:
             continue
-        for child_path, child in _children(obj, path, module_type, class_cache):
-            if isinstance(child, leaves) or id(child) in seen:
-                continue
-            seen.add(id(child))
-            queue.append((child, child_path, depth + 1))
+        try:
+            for child_path, child in _children(obj, path, module_type, class_cache):
+                key = id(child.names) if isinstance(child, _Globals) else id(child)
+                if isinstance(child, leaves) or key in seen:
+                    continue
+                seen.add(key)
+                queue.append((child, child_path, depth + 1))
+        except Exception:  # an unusual object: what was read of it stays, the walk goes on
+            continue
     return found
 
 
@@ -274,13 +360,15 @@ def fingerprint(obj: object, kind: str) -> str:
     return f"{kind}:{fp}"
 
 
-def report_name(worker_id: int) -> str:
-    return f"{REPORT_PREFIX}{worker_id}{REPORT_SUFFIX}"
+def report_name(worker_id: int, prefix: str = REPORT_PREFIX) -> str:
+    return f"{prefix}{worker_id}{REPORT_SUFFIX}"
 
 
-def write_report(report_dir: str, worker_id: int, report: dict[str, Any]) -> bool:
+def write_report(
+    report_dir: str, worker_id: int, report: dict[str, Any], prefix: str = REPORT_PREFIX
+) -> bool:
     """Write one worker's report atomically; never raises (a missing directory is fine)."""
-    path = Path(report_dir) / report_name(worker_id)
+    path = Path(report_dir) / report_name(worker_id, prefix)
     try:
         report_files.write_text(path, json.dumps(report), mkdir=False)
     except Exception:
@@ -288,7 +376,7 @@ def write_report(report_dir: str, worker_id: int, report: dict[str, Any]) -> boo
     return True
 
 
-def read_reports(report_dir: str) -> dict[int, dict[str, Any]]:
+def read_reports(report_dir: str, prefix: str = REPORT_PREFIX) -> dict[int, dict[str, Any]]:
     """The reports written so far, by worker id; unreadable files are skipped."""
     out: dict[int, dict[str, Any]] = {}
     try:
@@ -296,10 +384,10 @@ def read_reports(report_dir: str) -> dict[int, dict[str, Any]]:
     except OSError:
         return out
     for name in names:
-        if not (name.startswith(REPORT_PREFIX) and name.endswith(REPORT_SUFFIX)):
+        if not (name.startswith(prefix) and name.endswith(REPORT_SUFFIX)):
             continue
         try:
-            worker_id = int(name[len(REPORT_PREFIX) : -len(REPORT_SUFFIX)])
+            worker_id = int(name[len(prefix) : -len(REPORT_SUFFIX)])
             with open(os.path.join(report_dir, name), encoding="utf-8") as f:
                 data = json.load(f)
         except (OSError, ValueError):
@@ -322,21 +410,35 @@ def worker_report(worker_id: int, dataset: object) -> dict[str, Any]:
 
 
 class WorkerProbe:
-    """The ``worker_init_fn`` handed to workers: runs the user's, then reports fingerprints.
+    """The ``worker_init_fn`` handed to workers: observes the worker's first batch (its draws,
+    see :mod:`rngaudit.workers.draws`), runs the user's function, then reports fingerprints.
 
     A module-level class so that it pickles under the spawn start method. The user's
-    function is called first, with the worker id; its exceptions propagate unchanged.
+    function is called with the worker id; its exceptions propagate unchanged.
     """
 
-    def __init__(self, init_fn: Callable[[int], None] | None, report_dir: str) -> None:
+    def __init__(
+        self, init_fn: Callable[[int], None] | None, report_dir: str, timeout: float = 30.0
+    ) -> None:
         self.init_fn = init_fn
         self.report_dir = report_dir
+        self.timeout = timeout
 
     def __call__(self, worker_id: int) -> None:
+        first: Any = None
+        try:
+            from rngaudit.workers.draws import FirstBatch
+
+            first = FirstBatch(self.report_dir, worker_id, getattr(self, "timeout", 30.0))
+            first.start()
+        except Exception:  # the observation must never break a worker: run unobserved
+            first = None
         if self.init_fn is not None:
             try:
                 self.init_fn(worker_id)
             except BaseException:
+                if first is not None:
+                    first.stop()
                 write_report(
                     self.report_dir, worker_id, {"worker_id": worker_id, "status": "init-error"}
                 )
@@ -347,6 +449,7 @@ class WorkerProbe:
             info = get_worker_info()
             dataset = info.dataset if info is not None else None
             report = worker_report(worker_id, dataset)
+            report["observing"] = first is not None
         except Exception as exc:  # the probe must never break a worker
             report = {"worker_id": worker_id, "status": "probe-error", "error": repr(exc)}
         write_report(self.report_dir, worker_id, report)

@@ -1,4 +1,7 @@
-"""Workers forked inside an audit window must not inherit its torch interception or patches."""
+"""Workers forked inside an audit window must not inherit its torch interception or patches.
+
+(Each worker's first batch is observed by the worker-stream check's own bounded instrumentation,
+undone when that batch is fetched: the later batches show what the workers inherited.)"""
 
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ class Probe(Dataset[torch.Tensor]):
         self.original_random = original_random
 
     def __len__(self) -> int:
-        return 4
+        return 8
 
     def __getitem__(self, index: int) -> torch.Tensor:
         clean = not intercepting() and random.random is self.original_random

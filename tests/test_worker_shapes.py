@@ -1,0 +1,163 @@
+"""Issue 22's shapes of duplicated worker streams, judged by the draws; their correct twins.
+
+The truth is measured first with no rngaudit: the draw values each worker really makes (a
+value two workers both drew is a duplicated stream). Every shape sits in one column of one
+loader (tests/worker_shapes.py), so each start method costs one audited and one plain run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import worker_shapes as ws
+from conftest import run_python
+
+import rngaudit
+
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
+    pytest.mark.filterwarnings("ignore::rngaudit.RNGAuditWarning"),
+]
+
+DUP = "worker-duplicate-stream"
+
+
+def _plain(method: str, **kwargs: Any) -> dict[str, list[torch.Tensor]]:
+    torch.manual_seed(0)
+    return ws.run(method, **kwargs)
+
+
+def _expected(method: str, iterable: bool) -> dict[str, str]:
+    out = {}
+    for column, holder in ws.BAD.items():
+        if method != "fork" and column in ws.FORK_ONLY:
+            continue  # PyTorch cannot pickle a closure or a lambda to these workers
+        if iterable and holder.startswith("dataset."):
+            holder = "dataset.shapes." + holder.removeprefix("dataset.")
+        out[column] = holder
+    return out
+
+
+def _check(
+    method: str,
+    plain: dict[str, list[torch.Tensor]],
+    audited: dict[str, list[Any]],
+    findings: list[dict[str, Any]],
+    iterable: bool = False,
+) -> None:
+    # the truth, without rngaudit: every bad column duplicated, every good one distinct
+    truth_bad, truth_good = ws.truth(plain["bad"], "bad"), ws.truth(plain["good"], "good")
+    expected = _expected(method, iterable)
+    assert all(truth_bad[c] for c in expected), truth_bad
+    assert not any(truth_good.values()), truth_good
+    # the audited run made exactly the unaudited run's batches
+    for which in ("bad", "good"):
+        assert len(plain[which]) == len(audited[which])
+        for a, b in zip(plain[which], audited[which], strict=True):
+            assert torch.equal(a, torch.as_tensor(b, dtype=torch.float64))
+    # the verdict matches the truth: each bad shape named by its holder and its call site
+    # (and the correct twins, in the other loader, are named by no error)
+    errors = {
+        f["details"]["path"]: f for f in findings if f["kind"] == DUP and f["severity"] == "error"
+    }
+    assert sorted(errors) == sorted(expected.values())
+    for holder in expected.values():
+        details = errors[holder]["details"]
+        assert details["call_sites"] and all(
+            "worker_shapes.py:" in s for s in details["call_sites"]
+        )
+        assert details["worker_ids"] == [0, 1, 2] and details["confirmed"] is True
+
+
+def _as_dicts(findings: list[Any]) -> list[dict[str, Any]]:
+    return [f.to_dict() if hasattr(f, "to_dict") else f for f in findings]
+
+
+@pytest.mark.parametrize("iterable", [False, True], ids=["map", "iterable"])
+def test_fork_shapes_with_block(report_dir: Path, iterable: bool) -> None:
+    plain = _plain("fork", iterable=iterable)
+    torch.manual_seed(0)
+    built = ws.loaders("fork", iterable=iterable)  # built before the block: see below
+    with rngaudit.audit(mode="report", report_dir=report_dir) as a:
+        audited = {which: list(dl) for which, dl in built.items()}
+    assert a.report is not None
+    _check("fork", plain, audited, _as_dicts(a.report.findings), iterable)
+    # raise mode: the correct twins raise nothing
+    torch.manual_seed(0)
+    again = ws.loaders("fork", iterable=iterable)
+    list(again["bad"])  # unaudited, so the good loader starts from the plain run's seeds
+    with rngaudit.audit(mode="raise", report_dir=report_dir / "raise") as b:
+        batches = list(again["good"])
+    assert b.report is not None and b.report.verdict != "error"
+    assert all(torch.equal(x, y) for x, y in zip(plain["good"], batches, strict=True))
+
+
+def test_spawn_shapes_with_block_persistent_workers(report_dir: Path) -> None:
+    plain = _plain("spawn", epochs=2, persistent=True)
+    torch.manual_seed(0)
+    built = ws.loaders("spawn", persistent=True)
+    with rngaudit.audit(mode="report", report_dir=report_dir) as a:
+        audited = {which: [b for _ in range(2) for b in dl] for which, dl in built.items()}
+    assert a.report is not None
+    findings = _as_dicts(a.report.findings)
+    _check("spawn", plain, audited, findings)
+    persistent = {
+        f["details"]["path"]
+        for f in findings
+        if f["kind"] == "persistent-worker-stream" and f["severity"] == "warning"
+    }
+    assert "dataset.lazy" in persistent and "collate_fn.rng" in persistent
+
+
+def test_rngaudit_env_forkserver(tmp_path: Path) -> None:
+    methods = ["forkserver"]
+    script = ["-c", f"import sys; sys.path.insert(0, 'tests'); import worker_shapes as ws; "
+              f"ws.main({methods!r})"]  # fmt: skip
+    plain_proc = run_python(script)
+    assert plain_proc.returncode == 0, plain_proc.stderr[-3000:]
+    env = {"RNGAUDIT": "warn", "RNGAUDIT_REPORT_DIR": str(tmp_path), "PYTHONWARNINGS": "default"}
+    audited_proc = run_python(script, env=env)
+    assert audited_proc.returncode == 0, audited_proc.stderr[-3000:]
+    plain_out = json.loads(plain_proc.stdout.strip().splitlines()[-1])
+    audited_out = json.loads(audited_proc.stdout.strip().splitlines()[-1])
+    assert plain_out == audited_out  # bit-identical batches (floats printed exactly)
+    assert "share one random stream" in audited_proc.stderr  # warned
+    merged = json.loads((tmp_path / "report.json").read_text())
+    for method in methods:
+        plain = {w: [torch.tensor(b, dtype=torch.float64) for b in bs]
+                 for w, bs in plain_out[method].items()}  # fmt: skip
+        _check(method, plain, audited_out[method], merged["findings"])
+
+
+def test_worker_observation_is_undone_and_bounded() -> None:
+    """In a worker, the observation ends with the first fetch: nothing is left patched."""
+    code = (
+        "import sys; sys.path.insert(0, 'tests'); import json, random, torch, numpy as np\n"
+        "from torch.utils.data import DataLoader\n"
+        "import worker_shapes as ws\n"
+        "from rngaudit.workers.monitor import WorkerMonitor\n"
+        "def probe(ds):\n"
+        "    import torch.utils.data._utils.fetch as f\n"
+        "    return [hasattr(random.Random.random, '__wrapped__'),\n"
+        "            hasattr(f._MapDatasetFetcher.fetch, '__wrapped__'),\n"
+        "            sys.getprofile() is None]\n"
+        "class Probe(torch.utils.data.Dataset):\n"
+        "    def __len__(self): return 4\n"
+        "    def __getitem__(self, i): return torch.tensor(probe(self), dtype=torch.float64)\n"
+        "found = []\n"
+        "m = WorkerMonitor(found.append, mode='report'); m.install()\n"
+        "rows = torch.cat(list(DataLoader(Probe(), batch_size=1, num_workers=1,"
+        " multiprocessing_context='fork'))).tolist()\n"
+        "m.uninstall(); print(json.dumps(rows))\n"
+    )
+    proc = run_python(["-c", code])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(proc.stdout.strip().splitlines()[-1])
+    # the first batch is observed (patched, profiled); every later one runs unpatched
+    assert rows[0] == [1.0, 1.0, 0.0]
+    assert all(row == [0.0, 0.0, 1.0] for row in rows[1:])
