@@ -6,14 +6,13 @@ import contextlib
 import os
 import shutil
 import tempfile
-import threading
 import time
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rngaudit import exchange
+from rngaudit import exchange, forksafe
 from rngaudit.config import MODES
 from rngaudit.errors import ConfigError, RNGAuditWarning, WorkerDuplicateStreamError
 from rngaudit.findings import PERSISTENT_WORKER_STREAM, WORKER_DUPLICATE_STREAM, Finding
@@ -66,7 +65,7 @@ def _new_report_dir() -> str:
 # The patches are shared by all installed monitors: applied when the first one installs,
 # removed when the last one uninstalls (in any order), so the originals always come back.
 # The most recently installed monitor handles each new iterator.
-_state_lock = threading.RLock()
+_state_lock = forksafe.lock()
 _active: list[WorkerMonitor] = []
 PATCHES = PatchSet()  # this module's ledger (wraps and the torchdata import hook)
 
@@ -106,7 +105,7 @@ def _remove_patches() -> None:
 
 # Per iterator class, a subclass whose __next__ runs the first-batch check once and then
 # turns the iterator back into its own class: no cost at all after the first batch.
-_subclass_lock = threading.Lock()
+_subclass_lock = forksafe.lock()
 _checking_subclasses: dict[type, type] = {}
 
 
@@ -470,7 +469,7 @@ class WorkerMonitor:
         self.sink = sink
         self.mode = mode
         self.timeout = float(timeout)
-        self._lock = threading.Lock()
+        self._lock = forksafe.lock()
         self._emitted: dict[tuple[str, str, str], Finding] = {}
         self._checked: dict[int, weakref.ref[Any]] = {}  # id -> loaders whose check ran
         self.on_start: Callable[[Any], None] | None = None  # called with each loader starting
