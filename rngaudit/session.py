@@ -70,6 +70,34 @@ class Session:
         self._next_index = 0
         self._lock = threading.RLock()
 
+    def forked(self) -> None:
+        """In a forked child that starts its own audit (a rank forked by ``notebook_launcher``
+        or ``start_processes(start_method="fork")``): what the parent recorded is the parent's.
+        Its rank and world size are read again when it next exchanges or writes."""
+        _private_random.seed(os.urandom(8))  # the siblings inherited one state
+        _occurrences.clear()
+        self._lock = threading.RLock()  # another thread may have held it at fork
+        self.run_id = _new_run_id()
+        self.rank = exchange.launched_rank()
+        self.world_size = exchange.launched_world_size()
+        self.joined = False
+        self.pending = []
+        self._set_aside_for = None
+        self.audits, self.findings, self.records = [], [], {}
+        self._next_index = 0
+
+    def identify(self) -> None:
+        """This process's rank and world size: the process group's when one exists; before it
+        joins one, the launcher's (``RANK`` / ``WORLD_SIZE``, which a forking launcher sets in
+        the child after the fork)."""
+        where = exchange.process_group()
+        if where is not None:
+            self.rank, self.world_size = where
+            self.joined = True
+        elif not self.joined:
+            self.rank = exchange.launched_rank()
+            self.world_size = exchange.launched_world_size()
+
     def reserve(self) -> int:
         """The index of a new audit in this session."""
         with self._lock:
@@ -118,9 +146,7 @@ class Session:
                 pending, self.pending = self.pending, []
             deferred = [lbl for _, lbl, _ in pending]
             record = merge_deferred([rec for _, _, rec in pending], record, index)
-        if where is not None:
-            self.rank, self.world_size = where
-            self.joined = True
+        self.identify()
         record = {**record, "rank": self.rank, "run_id": self.run_id, "audit_index": index}
         record["signature"] = compare.signature(record)  # lets compare() group equal ranks
         name = identity or label
@@ -330,6 +356,7 @@ class Session:
         :func:`report_files.set_aside`): a new run never destroys them.
         """
         with self._lock:
+            self.identify()
             merged = self.report()
             own = self.records.get(self.rank, {"rank": self.rank, "events": [], "states": {}})
             rank_doc: records.RankFileDict = {
