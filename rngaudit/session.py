@@ -16,6 +16,7 @@ from typing import Any, cast
 
 from rngaudit import compare, exchange, records
 from rngaudit import report_write as report_files
+from rngaudit.config import restart_attempt
 from rngaudit.errors import (
     RNGAuditError,
     RNGAuditTimeoutError,
@@ -69,6 +70,7 @@ class Session:
         self.records: dict[int, records.RankRecord] = {}
         self._next_index = 0
         self._lock = threading.RLock()
+        self.resumes: list[str] = []  # "Accelerator.load_state() at train.py:40", this rank's
 
     def forked(self) -> None:
         """In a forked child that starts its own audit (a rank forked by ``notebook_launcher``
@@ -84,6 +86,7 @@ class Session:
         self.pending = []
         self._set_aside_for = None
         self.audits, self.findings, self.records = [], [], {}
+        self.resumes = []
         self._next_index = 0
 
     def identify(self) -> None:
@@ -184,6 +187,7 @@ class Session:
             entry["deferred"] = deferred  # audits that waited for the process group
         with self._lock:
             found = [f for f in found if not self._repeats_info(f)]
+            self._name_resume(found)
             for rec in arrived:
                 self._accumulate(rec, index)
             if self.rank not in {int(r["rank"]) for r in arrived}:
@@ -284,6 +288,23 @@ class Session:
             report.findings.extend(local_findings or ())
         return done
 
+    def _name_resume(self, found: list[Finding]) -> None:
+        """Say where the run resumed in each warning or error: a torchrun restart attempt (the
+        same on every rank of the attempt) and the checkpoint restores this rank made."""
+        attempt = restart_attempt()
+        if not attempt and not self.resumes:
+            return
+        parts = [f"torchrun restart attempt {attempt}"] if attempt else []
+        parts += self.resumes
+        for finding in found:
+            if finding.severity == "info" or "resumed" in finding.details:
+                continue
+            finding.details["resumed"] = parts
+            finding.message += (
+                f" The run resumed before this ({'; '.join(parts)}): check that every rank "
+                "restored the same epoch, sampler position and generator states."
+            )
+
     def _repeats_info(self, finding: Finding) -> bool:
         """An info finding already made, word for word but the audit, by an earlier audit."""
         if finding.severity != "info":
@@ -295,6 +316,7 @@ class Session:
         """A check made outside an audit window (the per-epoch order check)."""
         with self._lock:
             index = self.reserve()
+            self._name_resume(found)
             for finding in found:
                 finding.audit = index
             self.findings.extend(found)

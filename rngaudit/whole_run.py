@@ -39,6 +39,16 @@ LOADER_WORKER_LOOPS = (
     ("torch.utils.data._utils.worker", "_worker_loop"),
     ("torchdata.stateful_dataloader.worker", "_worker_loop"),
 )
+# Checkpoint restores: a finding made after one names it (Session.resumes).
+RESUME_HOOKS = (
+    ("accelerate.accelerator", "Accelerator", "load_state", "Accelerator.load_state"),
+    (
+        "torchdata.stateful_dataloader.stateful_dataloader",
+        "StatefulDataLoader",
+        "load_state_dict",
+        "StatefulDataLoader.load_state_dict",
+    ),
+)
 # Where iteration begins: the window closes there.
 ITERATION_HOOKS = (
     ("torch.utils.data.dataloader", "DataLoader", "__iter__"),
@@ -62,6 +72,8 @@ class WholeRun:
         self.patches = PatchSet()  # the window's wraps and import hooks
         self.monitor_hooks = PatchSet()
         self.fork_hooks = PatchSet()  # the after-fork registration: for the life of the process
+        self.resume_hooks = PatchSet()  # load_state() wraps: they outlive the window
+        self._resuming = False
         self.window_open = False
         self.index = 0
         self.window: Window | None = None  # the recording window (its current segment)
@@ -88,6 +100,8 @@ class WholeRun:
             watch = epoch_check.Watch(self.settings, self.session, self.epochs == "all")
             epoch_check.GUARD.watch_all(watch)
         self.fork_hooks.when_imported("multiprocessing.util", self._watch_forks)
+        for module, cls, method, label in RESUME_HOOKS:
+            self.resume_hooks.when_imported(module, self._resume_hook(cls, method, label))
 
     def _open(self) -> None:
         """Open the recording window and hook the checkpoints that conclude its segments."""
@@ -103,6 +117,33 @@ class WholeRun:
             self.patches.when_imported(module, self._hook(cls, method, self._iteration))
         for module, cls, method in DESTROY_HOOKS:
             self.patches.when_imported(module, self._hook(cls, method, self._destroy))
+
+    def _resume_hook(self, cls: str, method: str, label: str) -> Callable[[Any], None]:
+        def wrapper(
+            wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kw: dict[str, Any]
+        ) -> Any:
+            if self._resuming or self.worker:  # load_state() restoring its loaders: one resume
+                return wrapped(*args, **kw)
+            self._resuming = True
+            try:
+                result = wrapped(*args, **kw)
+            finally:
+                self._resuming = False
+            try:
+                stack = here(1)
+                where = stack.user_site or stack.call_site
+                resume = f"{label}() at {where.short()}" if where else f"{label}()"
+                if resume not in self.session.resumes:
+                    self.session.resumes.append(resume)
+            except Exception:
+                log.debug("rngaudit: could not name a resume", exc_info=True)
+            return result
+
+        def hook(module: Any) -> None:
+            if os.getpid() == self.pid:
+                self.resume_hooks.wrap_path(module, f"{cls}.{method}", wrapper)
+
+        return hook
 
     def _watch_forks(self, util: Any) -> None:
         """Children that multiprocessing forks call :meth:`forked` before their target runs
@@ -145,6 +186,7 @@ class WholeRun:
         self.window = None
         self.patches.undo()
         self.monitor_hooks.undo()
+        self.resume_hooks.undo()
         if self.monitor is not None:
             self.monitor.uninstall()
 

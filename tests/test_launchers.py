@@ -169,3 +169,161 @@ def test_forked_child_that_is_no_rank_writes_nothing(tmp_path: Path) -> None:
     assert run.returncode == 0 and "exit 0" in run.stdout, run.stderr[-3000:]
     assert "rngaudit" not in run.stderr
     assert not run.report_dir.exists()
+
+
+# -- Lightning Fabric ----------------------------------------------------------------------------
+
+FABRIC = "tests/frameworks/fabric_train.py"
+
+
+@pytest.fixture(scope="module", params=["same", "rank"])
+def fabric(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    # started as `python train.py`: fabric.launch() starts rank 1
+    tmp = tmp_path_factory.mktemp(f"fabric_{request.param}")
+    return launch(tmp, [FABRIC, request.param], "warn")
+
+
+def test_fabric_verdict_matches_the_truth(fabric: Run) -> None:
+    run = fabric
+    assert run.returncode == 0 and run.stdout.count("finished") == 2, run.stderr[-3000:]
+    assert_two_ranks(run)
+    distinct, duplicates, total = run.truth()
+    if "rank" in run.report_dir.parent.name:  # seed_everything(42 + rank)
+        assert total == 32 and duplicates > 0  # measured: corrupted
+        assert "sampler-draw-divergence" in errors(run.report())
+    else:
+        assert (distinct, duplicates, total) == (32, 0, 32)
+        assert errors(run.report()) == []
+
+
+# -- torchrun --max-restarts ----------------------------------------------------------------------
+
+RESTART = "tests/frameworks/restart_train.py"
+# torch 2.13's shared rendezvous store keeps attempt 0's gloo keys: attempt 1's
+# init_process_group then connects to dead ranks, audited or not (pytorch/pytorch#135712).
+RESTART_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+@pytest.fixture(scope="module", params=["same", "skew"])
+def restart(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    tmp = tmp_path_factory.mktemp(f"restart_{request.param}")
+    (tmp / "snap").mkdir()
+    args = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+            "--max-restarts=1", RESTART, request.param]  # fmt: skip
+    return launch(tmp, args, "warn", SNAP_DIR=str(tmp / "snap"), **RESTART_ENV)
+
+
+def test_torchrun_restart_reports_per_attempt(restart: Run) -> None:
+    """Attempt 0 (epoch 0 intact, then rank 1 fails) keeps its files; attempt 1 writes its own
+    in attempt-1/; the restarted attempt's verdict matches what it trained on."""
+    run = restart
+    assert run.returncode == 0 and "rank 1 fails" in run.stdout, run.stderr[-3000:]
+    assert run.stdout.count("finished") == 2
+    assert_two_ranks(run)  # attempt 0, left where it was
+    first = run.report()
+    assert errors(first) == []
+    second = Run(*run[:3], run.report_dir / "attempt-1", run.truth_dir)
+    assert_two_ranks(second)
+    assert second.report()["run_id"] != first["run_id"]
+    distinct, duplicates, total = run.truth()  # the resumed epoch, logged by attempt 1
+    if "skew" in run.report_dir.parent.name:  # the ranks resumed at epochs 2 and 1
+        assert total == 32 and duplicates > 0
+        found = [f for f in second.report()["findings"] if f["severity"] == "error"]
+        assert found and "torchrun restart attempt 1" in found[0]["message"]
+        assert found[0]["details"]["resumed"] == ["torchrun restart attempt 1"]
+    else:
+        assert (distinct, duplicates, total) == (32, 0, 32)
+        assert errors(second.report()) == []
+
+
+# -- accelerate save_state / load_state ---------------------------------------------------------
+
+RESUME = "tests/frameworks/resume_train.py"
+TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One saved run (epoch 0 trained, save_state), shared by the resumes."""
+    tmp = tmp_path_factory.mktemp("save")
+    run = launch(tmp, [*TORCHRUN, RESUME, "save", str(tmp / "ckpt")], "1")
+    assert run.returncode == 0, run.stderr[-3000:]
+    return tmp / "ckpt"
+
+
+@pytest.fixture(scope="module", params=["intact", "rank-1-rng-missing"])
+def resume(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, checkpoint: Path
+) -> Run:
+    tmp = tmp_path_factory.mktemp(f"resume_{request.param}")
+    ckpt = tmp / "ckpt"
+    ckpt.mkdir()
+    for saved in checkpoint.iterdir():
+        if not (request.param != "intact" and saved.name == "random_states_1.pkl"):
+            (ckpt / saved.name).write_bytes(saved.read_bytes())
+    return launch(tmp, [*TORCHRUN, RESUME, "resume", str(ckpt)], "warn")
+
+
+def test_accelerate_resume_verdict_matches_the_truth(resume: Run) -> None:
+    run = resume
+    assert run.returncode == 0 and run.stdout.count("finished") == 2, run.stderr[-3000:]
+    assert_two_ranks(run)
+    distinct, duplicates, total = run.truth()
+    if "missing" in run.report_dir.parent.name:
+        assert total == 32 and duplicates > 0  # measured: rank 1 shuffled on its own state
+        found = [f for f in run.report()["findings"] if f["severity"] == "error"]
+        assert [f["kind"] for f in found] == ["sampler-draw-divergence"]
+        assert (
+            "The run resumed before this (Accelerator.load_state() at resume_train.py:"
+            in (found[0]["message"])
+        )
+    else:
+        assert (distinct, duplicates, total) == (32, 0, 32)
+        assert errors(run.report()) == []
+
+
+# -- Ray Train ------------------------------------------------------------------------------------
+
+RAY = "tests/frameworks/ray_train.py"
+
+
+@pytest.fixture(scope="module", params=["same", "rank"])
+def ray_train(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    pytest.importorskip("ray.train")
+    tmp = tmp_path_factory.mktemp(f"ray_{request.param}")
+    # the driver passes RNGAUDIT* to the workers through runtime_env (ray_train.py)
+    return launch(tmp, [RAY, request.param], "warn", RAY_DEDUP_LOGS="0")
+
+
+def test_ray_train_verdict_matches_the_truth(ray_train: Run) -> None:
+    run = ray_train
+    assert run.returncode == 0 and "finished" in run.stdout, run.stderr[-3000:]
+    assert_two_ranks(run)  # the driver is no rank
+    distinct, duplicates, total = run.truth()
+    if "rank" in run.report_dir.parent.name:  # random_split seeded with the rank
+        assert total == 32 and duplicates > 0
+        assert "dataset-divergence" in errors(run.report())
+    else:
+        assert (distinct, duplicates, total) == (32, 0, 32)
+        assert errors(run.report()) == []
+
+
+def test_restart_attempt_exchanges_do_not_see_earlier_attempts_keys(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Attempts that share one store (torch's shared rendezvous store) exchange under their own
+    prefix: a decision attempt 0 left is not attempt 1's."""
+    from torch.distributed import distributed_c10d
+
+    from rngaudit import exchange
+
+    shared = distributed_c10d.HashStore()  # type: ignore[attr-defined]
+    monkeypatch.setattr(distributed_c10d, "_get_default_store", lambda: shared)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    exchange._store().set("rngaudit/a/x/0/decision", b"attempt 0")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    view = exchange._store()
+    assert view is exchange._store()  # one view per store (PENDING keys on its id)
+    assert not view.check(["rngaudit/a/x/0/decision"])
+    view.set("rngaudit/a/x/0/decision", b"attempt 1")
+    assert shared.get("rngaudit/a/x/0/decision") == b"attempt 0"
