@@ -128,7 +128,27 @@ def resolve(
         chosen_dir = parse_report_dir(report_dir, "report_dir")
     if timeout is not None:
         chosen_timeout = parse_timeout(timeout, "timeout")
-    return Settings(chosen_mode, chosen_dir, chosen_timeout, bool(strict))
+    return Settings(chosen_mode, attempt_dir(chosen_dir, env), chosen_timeout, bool(strict))
+
+
+ENV_RESTART = "TORCHELASTIC_RESTART_COUNT"  # torchrun's restart attempt (0 the first)
+
+
+def restart_attempt(environ: Mapping[str, str] | None = None) -> int:
+    """The torchelastic restart attempt of this process (``--max-restarts``): 0 when the
+    variable is absent or unreadable."""
+    value = (os.environ if environ is None else environ).get(ENV_RESTART, "")
+    try:
+        return max(0, int(value or 0))
+    except ValueError:
+        return 0
+
+
+def attempt_dir(report_dir: Path, environ: Mapping[str, str] | None = None) -> Path:
+    """Where a restart attempt writes: the first in ``report_dir``, attempt N in
+    ``report_dir/attempt-N``, so no attempt moves or overwrites another's files."""
+    attempt = restart_attempt(environ)
+    return report_dir / f"attempt-{attempt}" if attempt > 0 else report_dir
 
 
 def env_epochs(environ: Mapping[str, str] | None = None) -> str:

@@ -81,10 +81,28 @@ def distributed() -> tuple[int, int] | None:
     return where
 
 
+_PREFIXED: dict[int, tuple[Any, Any]] = {}  # id(default store) -> (it, its attempt's view)
+
+
 def _store() -> Any:
+    """The default process group's store; in a torchrun restart attempt N > 0 its view under
+    ``rngaudit-attempt-N/``: the attempts may share one store (torch's shared rendezvous
+    store), and keys an earlier attempt left there must not answer this one's exchanges."""
     from torch.distributed import distributed_c10d
 
-    return distributed_c10d._get_default_store()
+    from rngaudit.config import restart_attempt
+
+    store = distributed_c10d._get_default_store()
+    attempt = restart_attempt()
+    if attempt == 0:
+        return store
+    cached = _PREFIXED.get(id(store))
+    if cached is None or cached[0] is not store:  # one view per store: PENDING keys on its id
+        cached = _PREFIXED[id(store)] = (
+            store,
+            distributed_c10d.PrefixStore(f"rngaudit-attempt-{attempt}", store),
+        )
+    return cached[1]
 
 
 def encode(record: Mapping[str, Any]) -> bytes:

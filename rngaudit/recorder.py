@@ -189,6 +189,11 @@ class Recorder:
         self._depth = 0
         self._outer_indices.clear()
         self._thread_windows.clear()
+        # (its locks, _window_lock among them, are re-initialised by rngaudit.forksafe)
+        # A child that opens its own window (a forked rank) counts its draws afresh: an event
+        # the parent recorded at the same place must not absorb them.
+        self.log = EventLog()
+        self.new_loaders = []
         try:
             if self.torch is not None:
                 self.torch.forget_other_threads()

@@ -15,6 +15,7 @@ from typing import Any, cast
 
 from rngaudit import compare, exchange, forksafe, records
 from rngaudit import report_write as report_files
+from rngaudit.config import restart_attempt
 from rngaudit.errors import (
     RNGAuditError,
     RNGAuditTimeoutError,
@@ -68,6 +69,36 @@ class Session:
         self.records: dict[int, records.RankRecord] = {}
         self._next_index = 0
         self._lock = forksafe.lock()
+        self.resumes: list[str] = []  # "Accelerator.load_state() at train.py:40", this rank's
+
+    def forked(self) -> None:
+        """In a forked child that starts its own audit (a rank forked by ``notebook_launcher``
+        or ``start_processes(start_method="fork")``): what the parent recorded is the parent's.
+        Its rank and world size are read again when it next exchanges or writes."""
+        _private_random.seed(os.urandom(8))  # the siblings inherited one state
+        _occurrences.clear()
+        self._lock = forksafe.lock()  # another thread may have held it at fork
+        self.run_id = _new_run_id()
+        self.rank = exchange.launched_rank()
+        self.world_size = exchange.launched_world_size()
+        self.joined = False
+        self.pending = []
+        self._set_aside_for = None
+        self.audits, self.findings, self.records = [], [], {}
+        self.resumes = []
+        self._next_index = 0
+
+    def identify(self) -> None:
+        """This process's rank and world size: the process group's when one exists; before it
+        joins one, the launcher's (``RANK`` / ``WORLD_SIZE``, which a forking launcher sets in
+        the child after the fork)."""
+        where = exchange.process_group()
+        if where is not None:
+            self.rank, self.world_size = where
+            self.joined = True
+        elif not self.joined:
+            self.rank = exchange.launched_rank()
+            self.world_size = exchange.launched_world_size()
 
     def reserve(self) -> int:
         """The index of a new audit in this session."""
@@ -117,9 +148,7 @@ class Session:
                 pending, self.pending = self.pending, []
             deferred = [lbl for _, lbl, _ in pending]
             record = merge_deferred([rec for _, _, rec in pending], record, index)
-        if where is not None:
-            self.rank, self.world_size = where
-            self.joined = True
+        self.identify()
         record = {**record, "rank": self.rank, "run_id": self.run_id, "audit_index": index}
         record["signature"] = compare.signature(record)  # lets compare() group equal ranks
         name = identity or label
@@ -157,6 +186,7 @@ class Session:
             entry["deferred"] = deferred  # audits that waited for the process group
         with self._lock:
             found = [f for f in found if not self._repeats_info(f)]
+            self._name_resume(found)
             for rec in arrived:
                 self._accumulate(rec, index)
             if self.rank not in {int(r["rank"]) for r in arrived}:
@@ -257,6 +287,23 @@ class Session:
             report.findings.extend(local_findings or ())
         return done
 
+    def _name_resume(self, found: list[Finding]) -> None:
+        """Say where the run resumed in each warning or error: a torchrun restart attempt (the
+        same on every rank of the attempt) and the checkpoint restores this rank made."""
+        attempt = restart_attempt()
+        if not attempt and not self.resumes:
+            return
+        parts = [f"torchrun restart attempt {attempt}"] if attempt else []
+        parts += self.resumes
+        for finding in found:
+            if finding.severity == "info" or "resumed" in finding.details:
+                continue
+            finding.details["resumed"] = parts
+            finding.message += (
+                f" The run resumed before this ({'; '.join(parts)}): check that every rank "
+                "restored the same epoch, sampler position and generator states."
+            )
+
     def _repeats_info(self, finding: Finding) -> bool:
         """An info finding already made, word for word but the audit, by an earlier audit."""
         if finding.severity != "info":
@@ -268,6 +315,7 @@ class Session:
         """A check made outside an audit window (the per-epoch order check)."""
         with self._lock:
             index = self.reserve()
+            self._name_resume(found)
             for finding in found:
                 finding.audit = index
             self.findings.extend(found)
@@ -330,6 +378,7 @@ class Session:
         :func:`report_files.set_aside`): a new run never destroys them.
         """
         with self._lock:
+            self.identify()
             merged = self.report()
             own = self.records.get(self.rank, {"rank": self.rank, "events": [], "states": {}})
             rank_doc: records.RankFileDict = {

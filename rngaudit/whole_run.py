@@ -32,6 +32,23 @@ DESTROY_HOOKS = (
     ("torch.distributed", None, "destroy_process_group"),
     ("torch.distributed.distributed_c10d", None, "destroy_process_group"),
 )
+# The loops a forked DataLoader worker runs: such a child stays passive (it inherited the
+# parent's pid, so every hook ignores it); any other child multiprocessing forks starts its own
+# audit (a rank of notebook_launcher or start_processes(start_method="fork")).
+LOADER_WORKER_LOOPS = (
+    ("torch.utils.data._utils.worker", "_worker_loop"),
+    ("torchdata.stateful_dataloader.worker", "_worker_loop"),
+)
+# Checkpoint restores: a finding made after one names it (Session.resumes).
+RESUME_HOOKS = (
+    ("accelerate.accelerator", "Accelerator", "load_state", "Accelerator.load_state"),
+    (
+        "torchdata.stateful_dataloader.stateful_dataloader",
+        "StatefulDataLoader",
+        "load_state_dict",
+        "StatefulDataLoader.load_state_dict",
+    ),
+)
 # Where iteration begins: the window closes there.
 ITERATION_HOOKS = (
     ("torch.utils.data.dataloader", "DataLoader", "__iter__"),
@@ -54,6 +71,9 @@ class WholeRun:
         self.session = session.for_dir(settings.report_dir, settings.mode)
         self.patches = PatchSet()  # the window's wraps and import hooks
         self.monitor_hooks = PatchSet()
+        self.fork_hooks = PatchSet()  # the after-fork registration: for the life of the process
+        self.resume_hooks = PatchSet()  # load_state() wraps: they outlive the window
+        self._resuming = False
         self.window_open = False
         self.index = 0
         self.window: Window | None = None  # the recording window (its current segment)
@@ -73,6 +93,18 @@ class WholeRun:
     # -- lifecycle -----------------------------------------------------------------------
     def arm(self) -> None:
         instrument_torch.prepare()  # one-time kernel registration when torch is loaded already
+        self._open()
+        # The worker check outlives the window: its hook is not in the window's ledger.
+        self.monitor_hooks.when_imported("torch.utils.data.dataloader", self._install_monitor)
+        if self.epochs != "off":
+            watch = epoch_check.Watch(self.settings, self.session, self.epochs == "all")
+            epoch_check.GUARD.watch_all(watch)
+        self.fork_hooks.when_imported("multiprocessing.util", self._watch_forks)
+        for module, cls, method, label in RESUME_HOOKS:
+            self.resume_hooks.when_imported(module, self._resume_hook(cls, method, label))
+
+    def _open(self) -> None:
+        """Open the recording window and hook the checkpoints that conclude its segments."""
         self.index = self.session.reserve()
         self.entry = RECORDER.snapshot()
         # A framework callback's audit (Lightning, HF Trainer) may open inside this window
@@ -85,11 +117,64 @@ class WholeRun:
             self.patches.when_imported(module, self._hook(cls, method, self._iteration))
         for module, cls, method in DESTROY_HOOKS:
             self.patches.when_imported(module, self._hook(cls, method, self._destroy))
-        # The worker check outlives the window: its hook is not in the window's ledger.
-        self.monitor_hooks.when_imported("torch.utils.data.dataloader", self._install_monitor)
-        if self.epochs != "off":
-            watch = epoch_check.Watch(self.settings, self.session, self.epochs == "all")
-            epoch_check.GUARD.watch_all(watch)
+
+    def _resume_hook(self, cls: str, method: str, label: str) -> Callable[[Any], None]:
+        def wrapper(
+            wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kw: dict[str, Any]
+        ) -> Any:
+            if self._resuming or self.worker:  # load_state() restoring its loaders: one resume
+                return wrapped(*args, **kw)
+            self._resuming = True
+            try:
+                result = wrapped(*args, **kw)
+            finally:
+                self._resuming = False
+            try:
+                stack = here(1)
+                where = stack.user_site or stack.call_site
+                resume = f"{label}() at {where.short()}" if where else f"{label}()"
+                if resume not in self.session.resumes:
+                    self.session.resumes.append(resume)
+            except Exception:
+                log.debug("rngaudit: could not name a resume", exc_info=True)
+            return result
+
+        def hook(module: Any) -> None:
+            if os.getpid() == self.pid:
+                self.resume_hooks.wrap_path(module, f"{cls}.{method}", wrapper)
+
+        return hook
+
+    def _watch_forks(self, util: Any) -> None:
+        """Children that multiprocessing forks call :meth:`forked` before their target runs
+        (``util._run_after_forkers``: inherited by their own children too)."""
+        if os.getpid() == self.pid:
+            util.register_after_fork(self, WholeRun.forked)
+
+    def forked(self) -> None:
+        """In a child multiprocessing forked (its ``Process`` is current, its target not run
+        yet): a DataLoader worker stays passive; any other child is a new rank candidate and
+        starts its own whole-run audit, as a process started with ``RNGAUDIT`` set does. Its
+        exit runs multiprocessing's finalizers, not ``atexit``: the exit check is one of them.
+        Never raises."""
+        if self.worker or os.getpid() == self.pid:
+            return
+        try:
+            import multiprocessing
+            from multiprocessing import util
+
+            if _runs_loader_worker(multiprocessing.current_process()):
+                return
+            self.pid = os.getpid()
+            self.patches.undo()  # the parent's wraps, as this child inherited them
+            self.session.forked()
+            self.reports, self.is_rank, self._in_prepare = [], False, False
+            self._sequential = set()
+            self._open()
+            util.Finalize(None, self.at_exit, exitpriority=100)
+        except Exception as exc:  # never break the child over the auditor
+            self.window_open = False
+            sys.stderr.write(f"rngaudit: a forked process runs unaudited ({exc!r})\n")
 
     def become_worker(self) -> None:
         """This process is a DataLoader worker (spawned): record nothing, write nothing."""
@@ -101,6 +186,7 @@ class WholeRun:
         self.window = None
         self.patches.undo()
         self.monitor_hooks.undo()
+        self.resume_hooks.undo()
         if self.monitor is not None:
             self.monitor.uninstall()
 
@@ -250,3 +336,11 @@ class WholeRun:
             sys.stderr.write(f"rngaudit: could not write the report at {label}: {exc!r}\n")
         finally:
             self._detach()
+
+
+def _runs_loader_worker(process: Any) -> bool:
+    """Whether ``process`` (a multiprocessing ``Process``) runs a DataLoader worker loop."""
+    target = getattr(process, "_target", None)
+    target = getattr(target, "__wrapped__", target)  # startup's wrap of a spawned worker's loop
+    where = (getattr(target, "__module__", None), getattr(target, "__qualname__", None))
+    return where in LOADER_WORKER_LOOPS
