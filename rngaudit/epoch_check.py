@@ -22,7 +22,7 @@ from typing import Any, cast
 
 import wrapt
 
-from rngaudit import epoch_rules, exchange, forksafe, peek, records, sharding
+from rngaudit import epoch_rules, exchange, forksafe, partition, peek, records, sharding
 from rngaudit.config import Settings
 from rngaudit.events import DRAW
 from rngaudit.findings import Finding
@@ -92,6 +92,7 @@ class EpochGuard:
         self.pending: weakref.WeakKeyDictionary[Any, Watch] = weakref.WeakKeyDictionary()
         self.loaders: weakref.WeakKeyDictionary[Any, _LoaderState] = weakref.WeakKeyDictionary()
         self.seen: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self.tapes: weakref.WeakSet[partition.Tape] = weakref.WeakSet()  # epochs observed now
         self._count = 0
 
     # -- what is watched ---------------------------------------------------------------------
@@ -133,7 +134,12 @@ class EpochGuard:
         return self.everything
 
     def _maybe_uninstall(self) -> None:
-        if self.everything is None and not self.open and len(self.pending) == 0:
+        if (
+            self.everything is None
+            and not self.open
+            and len(self.pending) == 0
+            and not any(not t.closed for t in self.tapes)
+        ):
             self.uninstall()
 
     # -- wrappers ----------------------------------------------------------------------------
@@ -155,6 +161,8 @@ class EpochGuard:
                 cls = module._BaseDataLoaderIter
                 if not isinstance(cls.__dict__.get("__next__"), wrapt.FunctionWrapper):
                     self.patches.wrap(cls, "__next__", self._next)
+                if not isinstance(cls.__dict__.get("_next_index"), wrapt.FunctionWrapper):
+                    self.patches.wrap(cls, "_next_index", self._next_index)
             elif name == "accelerate.data_loader":
                 cls = module.BatchSamplerShard
                 if not isinstance(cls.__dict__.get("__iter__"), wrapt.FunctionWrapper):
@@ -201,6 +209,105 @@ class EpochGuard:
             self._first_batch(instance)
         return batch
 
+    def _next_index(
+        self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kw: dict[str, Any]
+    ) -> Any:
+        """Every index batch a map-style sharded loader draws (main process, also with
+        workers): observed into this epoch's :class:`~rngaudit.partition.Tape`."""
+        if instance is None or RECORDER.busy():
+            return wrapped(*args, **kw)
+        state = instance.__dict__
+        key = id(state.get("_sampler_iter"))
+        if state.get("_rngaudit_epoch") != key:  # the epoch's first index batch
+            state["_rngaudit_epoch"] = key
+            with RECORDER.paused():
+                state["_rngaudit_tape"] = self._open_tape(instance)
+        tape: partition.Tape | None = state.get("_rngaudit_tape")
+        if tape is None:
+            return wrapped(*args, **kw)
+        try:
+            batch = wrapped(*args, **kw)
+        except StopIteration:  # the rank has drawn its whole share of the epoch
+            if not tape.closed:
+                with RECORDER.paused():
+                    self._epoch_end(tape)
+            raise
+        tape.add(batch)
+        return batch
+
+    def _open_tape(self, iterator: Any) -> partition.Tape | None:
+        try:
+            if peek.integer(peek.attr(iterator, "_dataset_kind"), 1) != 0:  # not map-style
+                return None
+            nodes = sharding.chain(peek.attr(iterator, "_index_sampler"))
+            shard = sharding.shard_of(nodes)
+            if shard is None:
+                return None
+            with self._lock:
+                watch = self._watch_for(shard)
+                if watch is None:
+                    return None
+                state = self._state(shard)
+            mapping = partition.root_mapping(peek.attr(iterator, "_dataset"))
+            if mapping is None or mapping[1] > partition.MAX_ROOT:
+                return None
+            context = (watch, shard, sharding.chain_name(nodes), state.checks)
+            tape = partition.Tape(mapping[0], mapping[1], context)
+            with self._lock:
+                self.tapes.add(tape)
+            weakref.finalize(tape, self._dropped)  # an epoch never finished: stop waiting
+            return tape
+        except Exception:  # the auditor must never break the loader
+            log.warning("rngaudit: could not observe the loader's partition", exc_info=True)
+            return None
+
+    def _epoch_end(self, tape: partition.Tape) -> None:
+        """The ranks compare the samples each was handed this epoch; every rank raises on an
+        overlap beyond padding."""
+        watch, shard, chain, epoch = tape.context
+        found: list[Finding] = []
+        with self._lock:
+            state = self._state(shard)
+        label = f"partition of epoch {epoch} of {state.label} ({chain})"
+        try:
+            record: dict[str, Any] = {
+                "loader": state.label,
+                "epoch": epoch,
+                "chain": chain,
+                "partition": tape.summary(),
+            }
+            result = self._swap(record, f"partition/{state.index}/{epoch}", watch, "partition")
+            if result is not None:
+                summaries = {int(r["rank"]): r["partition"] for r in result if "partition" in r}
+                finding = epoch_rules.partition_overlap(summaries, state.label, chain, epoch)
+                if finding is not None:
+                    found.append(finding)
+                    watch.session.add_check(label, found)
+        except Exception:
+            log.warning("rngaudit: the partition check could not compare", exc_info=True)
+        finally:
+            with self._lock:
+                self._maybe_uninstall()
+        _act(found, watch, label)
+
+    def _swap(
+        self, record: dict[str, Any], key: str, watch: Watch, what: str
+    ) -> list[dict[str, Any]] | None:
+        """Exchange ``record`` under ``key``: every rank's record (groups expanded), or None."""
+        comparable = {k: v for k, v in record.items() if k not in ("rank", "signature")}
+        record["signature"] = hashlib.blake2b(
+            json.dumps(comparable, sort_keys=True, default=str).encode(), digest_size=12
+        ).hexdigest()
+        where = exchange.distributed()
+        record["rank"] = where[0] if where is not None else 0
+        info = {"label": f"{what} check of {record['loader']}", "mode": watch.settings.mode}
+        try:
+            result = exchange.exchange(record, key, watch.settings.timeout, info=info)
+        except Exception:
+            log.warning("rngaudit: the %s check could not exchange", what, exc_info=True)
+            return None
+        return cast(list[dict[str, Any]], expand_groups(result.records))
+
     # -- the check -----------------------------------------------------------------------------
     def _first_batch(self, iterator: Any) -> None:
         try:
@@ -226,7 +333,7 @@ class EpochGuard:
             if not watch.every_epoch and self.pending.get(shard) is watch:
                 del self.pending[shard]
                 self._maybe_uninstall()
-        _act(found, watch, record)
+        _act(found, watch, f"epoch {record['epoch']} of {record['loader']}")
 
     def _record(
         self, iterator: Any, nodes: list[Any], shard: Any, state: _LoaderState
@@ -350,8 +457,8 @@ def _split_draws(session: Any) -> list[records.SamplerDraw]:
     return []
 
 
-def _act(found: list[Finding], watch: Watch, record: records.EpochRecord) -> None:
-    """Raise or warn on every rank, as the watch's mode says."""
+def _act(found: list[Finding], watch: Watch, label: str) -> None:
+    """Raise or warn on every rank, as the watch's mode says (``label``: what was checked)."""
     if not found:
         return
     session = watch.session
@@ -360,9 +467,7 @@ def _act(found: list[Finding], watch: Watch, record: records.EpochRecord) -> Non
         world_size=int(getattr(session, "world_size", 1)),
         run_id=str(getattr(session, "run_id", "")),
         mode=watch.settings.mode,
-        audits=[
-            {"index": found[0].audit, "label": f"epoch {record['epoch']} of {record['loader']}"}
-        ],
+        audits=[{"index": found[0].audit, "label": label}],
     )
     act(report, watch.settings.mode, watch.settings.strict)
 

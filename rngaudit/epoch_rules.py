@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rngaudit import findings as fk
+from rngaudit import partition
 from rngaudit.callsite import format_site
 from rngaudit.findings import Finding, format_ranks
 from rngaudit.records import EpochRecord, SamplerDraw
@@ -282,4 +283,56 @@ def repeated(record: EpochRecord, previous: EpochRecord | None) -> Finding | Non
         ranks=[int(record["rank"])],
         remedy=REPEAT_REMEDY,
         details={"loader": record.get("loader"), "epoch": record.get("epoch")},
+    )
+
+
+PARTITION_REMEDY = (
+    "Every rank must shard one order of one dataset: give the sampler a generator seeded "
+    "identically on every rank (or seed every rank identically before iteration), pass the same "
+    "seed= and epoch to DistributedSampler on every rank, and build splits with a shared "
+    "generator. A DistributedSampler subclass must shuffle from a generator seeded with "
+    "self.seed + self.epoch, as DistributedSampler does."
+)
+
+
+def partition_overlap(
+    summaries: dict[int, dict[str, Any]], loader: str, chain: str, epoch: int
+) -> Finding | None:
+    """An error when the samples the ranks actually took in an epoch overlap beyond padding.
+
+    The evidence is what each rank was handed (root sample indices observed in its main
+    process), whatever produced it. Padding (a DistributedSampler without ``drop_last``) lets up
+    to ``world - 1`` samples appear twice; a rank repeating more samples than that within its own
+    share samples with replacement, and then an overlap proves nothing: no finding.
+    """
+    world = len(summaries)
+    seen = partition.overlap(summaries)
+    if seen is None or seen["shared"] <= world - 1:
+        return None
+    if max(seen["repeats"].values()) > world - 1:
+        return None  # sampling with replacement: ranks may overlap by design
+    never = seen["root_size"] - seen["union"]
+    counts = ", ".join(f"rank {r}: {n}" for r, n in sorted(seen["per_rank"].items()))
+    message = (
+        f"In epoch {epoch} of {loader} ({chain}) the ranks were handed overlapping samples: "
+        f"{seen['shared']} of {seen['root_size']} samples went to more than one rank, and "
+        f"{never} of them to none ({counts} distinct samples each). Each rank trained on its "
+        "share of a different order: this epoch duplicated some samples and dropped others "
+        "(observed from the index batches each rank drew)."
+    )
+    return Finding(
+        kind=fk.PARTITION_OVERLAP,
+        severity="error",
+        message=message,
+        ranks=sorted(summaries),
+        remedy=PARTITION_REMEDY,
+        details={
+            "loader": loader,
+            "epoch": epoch,
+            "check": "partition",
+            "shared": seen["shared"],
+            "never": never,
+            "root_size": seen["root_size"],
+            "per_rank": {str(r): n for r, n in seen["per_rank"].items()},
+        },
     )

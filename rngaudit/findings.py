@@ -18,6 +18,7 @@ WORKER_DUPLICATE_STREAM = "worker-duplicate-stream"
 PERSISTENT_WORKER_STREAM = "persistent-worker-stream"
 DATASET_DIVERGENCE = "dataset-divergence"
 DATASET_CONTENT_DIVERGENCE = "dataset-content-divergence"
+PARTITION_OVERLAP = "partition-overlap"
 EPOCH_ORDER_REPEATED = "epoch-order-repeated"
 AUDIT_MISMATCH = "audit-mismatch"
 MODE_MISMATCH = "mode-mismatch"
@@ -33,6 +34,7 @@ KINDS = (
     PERSISTENT_WORKER_STREAM,
     DATASET_DIVERGENCE,
     DATASET_CONTENT_DIVERGENCE,
+    PARTITION_OVERLAP,
     EPOCH_ORDER_REPEATED,
     AUDIT_MISMATCH,
     MODE_MISMATCH,

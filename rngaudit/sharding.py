@@ -134,20 +134,21 @@ def _digest_indices(indices: Any) -> str:
     return f"unknown:{type(indices).__name__}"
 
 
+_FULL_DIGEST = 1 << 16  # index lists up to this long are digested whole, longer ones sampled
+_SAMPLED = 4096
+
+
 def _indices_digest(subset: Any) -> str:
-    """The digest of a Subset's indices, cached while the same index object of the same size."""
+    """The digest of a Subset's indices, read afresh at every check (they may be reshuffled in
+    place between epochs): whole up to ``_FULL_DIGEST`` entries, else the length and
+    ``_SAMPLED`` evenly spaced entries (a reshuffle or a different split changes almost all)."""
     indices = peek.attr(subset, "indices")
     n = peek.size(indices)
-    if n is None:
+    if n is None or n <= _FULL_DIGEST or not isinstance(indices, list | tuple):
         return _digest_indices(indices)
-    key = (n, id(indices))
-    cached = _index_digests.get(subset)
-    if cached is not None and cached[0] == key:
-        return cached[1]
-    digest = _digest_indices(indices)
-    with contextlib.suppress(TypeError):
-        _index_digests[subset] = (key, digest)
-    return digest
+    step = n / _SAMPLED
+    sample = [indices[int(k * step)] for k in range(_SAMPLED)]
+    return f"{n}:{_digest_indices(sample)}"
 
 
 def describe_dataset(dataset: Any, depth: int = 0) -> str:
@@ -175,6 +176,8 @@ def describe_dataset(dataset: Any, depth: int = 0) -> str:
         return f"{name}(len={size}, indices={_hf_indices_digest(dataset)})"
     if _is_iterable_shard(dataset) and inner is not None:
         return f"{name}(of={describe_dataset(inner, depth + 1)})"
+    if inner is not None:  # a wrapper holding the dataset it indexes (a user's own class)
+        return f"{name}(len={size}, of={describe_dataset(inner, depth + 1)})"
     return f"{name}(len={size})"
 
 

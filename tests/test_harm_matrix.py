@@ -34,7 +34,13 @@ MUST_RAISE = {  # scenario -> first corrupted epoch
     "mid_training_rank0_eval": 1,
     "resume_from_stale_checkpoint": 1,
     "hf_shuffle_per_rank": 0,
+    "ds_subclass_global_shuffle": 0,
+    "wrapper_random_split_per_rank": 0,
+    "subset_reshuffled_in_place_on_rank0": 1,
 }
+# Found by the observed partition when the rank has drawn the epoch's last index batch (the
+# order a DistributedSampler subclass of one's own makes is not readable before it is drawn).
+AT_EPOCH_END = {"ds_subclass_global_shuffle"}
 MUST_STAY_CLEAN = [
     "ds_shared_seed_per_rank_global",
     "random_split_shared_generator",
@@ -44,12 +50,15 @@ MUST_STAY_CLEAN = [
     "eval_all_ranks",
     "rank0_only_eval_loader",
     "hf_map_per_rank_augment",
+    "ds_subclass_seeded_shuffle",
 ]
 DATASET = {
     "random_split_per_rank",
     "subset_randperm_accelerate",
     "shuffled_list_accelerate",
     "hf_shuffle_per_rank",
+    "wrapper_random_split_per_rank",
+    "subset_reshuffled_in_place_on_rank0",
 }
 HOWS = ["block", "env"]
 
@@ -130,6 +139,9 @@ def test_verdict_matches_the_measured_partition(
             assert raised_epoch <= first, res["raised_at"]
             assert len(res["epochs"]) <= first
             expected = "dataset-divergence" if scenario in DATASET else "sampler-draw-divergence"
+            if scenario in AT_EPOCH_END:
+                expected = "partition-overlap"
+                assert res["raised_at"] == f"epoch {first}", res["raised_at"]
             assert expected in res["kinds"], res["kinds"]
         else:
             assert not res["raised"], f"rank {rank}: {res.get('message')}"
@@ -175,6 +187,19 @@ def test_forgotten_set_epoch_warns(runs: dict[str, Any]) -> None:
         assert all("set_epoch" in f["remedy"] for f in kinds)
     correct = runs["none"][0]["set_epoch_correct"]["epochs"]
     assert correct[0] != correct[1]
+
+
+@pytest.mark.parametrize("how", HOWS)
+def test_the_observed_overlap_is_the_measured_one(runs: dict[str, Any], how: str) -> None:
+    """The partition check counts what the ranks were really handed: its numbers are the
+    overlap and the gap measured without rngaudit."""
+    plain = [set(runs["none"][r]["ds_subclass_global_shuffle"]["epochs"][0]) for r in range(2)]
+    shared, never = len(plain[0] & plain[1]), 32 - len(plain[0] | plain[1])
+    assert shared > 1  # the scenario's claim, measured
+    message = runs[how][0]["ds_subclass_global_shuffle"]["message"]
+    assert f"{shared} of 32 samples went to more than one rank, and {never} of them to none" in (
+        message
+    )
 
 
 def test_a_per_rank_map_augmentation_is_a_warning_that_says_so(runs: dict[str, Any]) -> None:
@@ -238,8 +263,9 @@ def test_slurm_style_ranks_are_audited(
     for rank in range(NPROC):
         assert results[rank]["ds_seed_per_rank"]["raised"], rank
         assert not results[rank]["set_epoch_correct"]["raised"], rank
-        assert results[rank]["set_epoch_correct"]["epochs"] == (
-            runs["none"][rank]["set_epoch_correct"]["epochs"]
+        assert (
+            results[rank]["set_epoch_correct"]["epochs"]
+            == (runs["none"][rank]["set_epoch_correct"]["epochs"])
         )
     names = sorted(p.name for p in (outdir / "report").iterdir() if p.is_file())
     assert names == ["rank-0.json", "rank-1.json", "report.json"]

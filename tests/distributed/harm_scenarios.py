@@ -355,6 +355,87 @@ def hf_shuffle_per_rank(ctx: Ctx) -> Plan:
     return Plan(loader)
 
 
+# --------------------------------------------------------------------------- issue 21 (observed)
+
+
+class GlobalShuffleDistributedSampler(DistributedSampler[int]):
+    """A DistributedSampler subclass whose ``__iter__`` shuffles from the global generator:
+    its seed and epoch are equal on every rank, the order it shards is not."""
+
+    def __iter__(self) -> Iterator[int]:
+        perm = torch.randperm(len(self.dataset)).tolist()  # type: ignore[arg-type]
+        return iter(perm[self.rank : self.total_size : self.num_replicas])
+
+
+def ds_subclass_global_shuffle(ctx: Ctx) -> Plan:
+    seed_all(100 + ctx.rank)  # per-rank seeds (dropout): the subclass shuffles from them
+    ds = Items(N)
+    loader = ctx.audited(
+        lambda: DataLoader(ds, batch_size=2, sampler=GlobalShuffleDistributedSampler(ds, seed=3))
+    )
+    return Plan(loader)
+
+
+def ds_subclass_seeded_shuffle(ctx: Ctx) -> Plan:
+    """The clean twin: the subclass shuffles from a generator seeded with seed + epoch."""
+
+    class Seeded(DistributedSampler[int]):
+        def __iter__(self) -> Iterator[int]:
+            g = torch.Generator().manual_seed(self.seed + self.epoch)
+            perm = torch.randperm(len(self.dataset), generator=g).tolist()  # type: ignore[arg-type]
+            return iter(perm[self.rank : self.total_size : self.num_replicas])
+
+    seed_all(100 + ctx.rank)
+    ds = Items(N)
+    sampler = Seeded(ds, seed=3)
+    loader = ctx.audited(lambda: DataLoader(ds, batch_size=2, sampler=sampler))
+    return Plan(loader, epochs=2, before_epoch=sampler.set_epoch)
+
+
+class Wrapper(Dataset[int]):
+    """A user's wrapper dataset around another (``self.dataset``), as much real code has."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int) -> int:
+        return int(self.dataset[i])
+
+
+def wrapper_random_split_per_rank(ctx: Ctx) -> Plan:
+    seed_all(100 + ctx.rank)
+    whole: Any = torch.utils.data.ConcatDataset([Items(N // 2), Offset(Items(N // 2), N // 2)])
+    train, _held_out = random_split(whole, [24, 8])  # no generator, per-rank seeds
+    loader, _ = _dist_loader(ctx, Wrapper(train), seed=0)
+    return Plan(loader)
+
+
+class Offset(Dataset[int]):
+    def __init__(self, inner: Any, offset: int) -> None:
+        self.inner, self.offset = inner, offset
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, i: int) -> int:
+        return int(self.inner[i]) + self.offset
+
+
+def subset_reshuffled_in_place_on_rank0(ctx: Ctx) -> Plan:
+    seed_all(0)
+    ds = Subset(Items(N), list(range(N)))
+    loader, sampler = _dist_loader(ctx, ds, seed=3)
+
+    def after(epoch: int) -> None:
+        if ctx.rank == 0:
+            random.Random(epoch).shuffle(ds.indices)  # type: ignore[arg-type]  # rank 0 only
+
+    return Plan(loader, epochs=2, before_epoch=sampler.set_epoch, after_epoch=after)
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in [
@@ -377,6 +458,10 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("rank0_only_eval_loader", rank0_only_eval_loader, True),
         Scenario("hf_map_per_rank_augment", hf_map_per_rank_augment, True),
         Scenario("hf_shuffle_per_rank", hf_shuffle_per_rank),
+        Scenario("ds_subclass_global_shuffle", ds_subclass_global_shuffle),
+        Scenario("ds_subclass_seeded_shuffle", ds_subclass_seeded_shuffle, True),
+        Scenario("wrapper_random_split_per_rank", wrapper_random_split_per_rank),
+        Scenario("subset_reshuffled_in_place_on_rank0", subset_reshuffled_in_place_on_rank0, True),
     ]
 }
 

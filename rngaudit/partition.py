@@ -1,0 +1,143 @@
+"""What a rank actually took in an epoch: the root sample indices of the index batches it drew.
+
+The main process draws every index batch of a map-style loader (``_next_index``, also with
+workers), so what a rank is handed is observed whatever sampler, batch sampler or shard made it.
+Indices are mapped to the root dataset through ``Subset``-like ``indices`` and wrapper
+``dataset`` attributes, counted per root sample, and summarised as a bitmap of the samples
+taken (exact, for datasets up to ``MAX_ROOT`` samples) plus the count of repeats within the rank.
+"""
+
+from __future__ import annotations
+
+import base64
+import sys
+from typing import Any
+
+from rngaudit import peek
+
+MAX_ROOT = 1 << 21  # root samples compared exactly (a 256 KiB bitmap per rank and epoch)
+_FOLD = 256  # index batches kept before they are folded into the counts
+_MAX_DEPTH = 8
+
+
+def root_mapping(dataset: Any) -> tuple[list[Any], int] | None:
+    """The index arrays from the loader's index space to the root dataset's, outermost first,
+    and the root's size; None when a level cannot be read safely (the epoch is not observed)."""
+    np = sys.modules.get("numpy")
+    if np is None:
+        return None
+    maps: list[Any] = []
+    node = dataset
+    for _ in range(_MAX_DEPTH):
+        inner = peek.attr(node, "dataset")
+        indices = peek.attr(node, "indices")
+        if inner is None:
+            break
+        if indices is not None:
+            if not isinstance(indices, list | tuple | range) and not _is_array(indices):
+                return None
+            try:
+                arr = np.asarray(indices, dtype=np.int64).reshape(-1)
+            except Exception:
+                return None
+            maps.append(arr)
+        node = inner
+    size = peek.size(node)
+    if size is None:
+        return None
+    return maps, size
+
+
+def _is_array(obj: Any) -> bool:
+    np = sys.modules.get("numpy")
+    torch = sys.modules.get("torch")
+    return (np is not None and isinstance(obj, np.ndarray)) or (
+        torch is not None and isinstance(obj, torch.Tensor)
+    )
+
+
+class Tape:
+    """One rank's index batches of one epoch of one loader, folded into per-sample counts."""
+
+    def __init__(self, maps: list[Any], root_size: int, context: Any = None) -> None:
+        import numpy as np
+
+        self.maps = maps
+        self.root_size = root_size
+        self.context = context  # the order check's (watch, shard) for this loader
+        self.counts = np.zeros(root_size, dtype=np.uint16)
+        self.pending: list[Any] = []
+        self.taken = 0
+        self.known = True
+        self.closed = False
+
+    def add(self, batch: Any) -> None:
+        """An index batch (a list of ints, or one int when batching is off)."""
+        if not self.known:
+            return
+        self.pending.append(batch)
+        if len(self.pending) >= _FOLD:
+            self._fold()
+
+    def _fold(self) -> None:
+        import numpy as np
+
+        batches, self.pending = self.pending, []
+        try:
+            flat: list[int] = []
+            for b in batches:
+                if isinstance(b, int):
+                    flat.append(b)
+                else:
+                    flat.extend(int(i) for i in b)
+            idx = np.asarray(flat, dtype=np.int64)
+            for arr in self.maps:
+                idx = arr[idx]
+            if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= self.root_size):
+                raise IndexError("index outside the root dataset")
+            np.add.at(self.counts, idx, 1)
+            self.taken += int(idx.size)
+        except Exception:  # not integer indices of this dataset: unknown, never an error
+            self.known = False
+
+    def summary(self) -> dict[str, Any]:
+        """What the rank took: its bitmap of root samples, how many it took, repeats within it."""
+        import numpy as np
+
+        self._fold()
+        self.closed = True
+        if not self.known:
+            return {"known": False}
+        seen = self.counts > 0
+        return {
+            "known": True,
+            "root_size": self.root_size,
+            "taken": self.taken,
+            "distinct": int(seen.sum()),
+            "bitmap": base64.b64encode(np.packbits(seen).tobytes()).decode("ascii"),
+        }
+
+
+def overlap(summaries: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """Across ranks: how many root samples more than one rank took, and how many none did
+    (of those any rank's dataset holds); None when a rank's epoch could not be observed."""
+    import numpy as np
+
+    if len(summaries) < 2 or not all(s.get("known") for s in summaries.values()):
+        return None
+    sizes = {int(s["root_size"]) for s in summaries.values()}
+    if len(sizes) != 1:
+        return None
+    size = sizes.pop()
+    total = np.zeros(size, dtype=np.int32)
+    for s in summaries.values():
+        bits = np.frombuffer(base64.b64decode(s["bitmap"]), dtype=np.uint8)
+        total += np.unpackbits(bits)[:size].astype(np.int32)
+    repeats = {r: int(s["taken"]) - int(s["distinct"]) for r, s in summaries.items()}
+    return {
+        "root_size": size,
+        "shared": int((total > 1).sum()),  # taken by more than one rank
+        "union": int((total > 0).sum()),
+        "per_rank": {r: int(s["distinct"]) for r, s in summaries.items()},
+        "repeats": repeats,  # within one rank: sampling with replacement (or padding)
+    }
