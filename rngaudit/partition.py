@@ -10,6 +10,7 @@ taken (exact, for datasets up to ``MAX_ROOT`` samples) plus the count of repeats
 from __future__ import annotations
 
 import base64
+import itertools
 import sys
 from typing import Any
 
@@ -83,14 +84,13 @@ class Tape:
         import numpy as np
 
         batches, self.pending = self.pending, []
+        if not batches:
+            return
         try:
-            flat: list[int] = []
-            for b in batches:
-                if isinstance(b, int):
-                    flat.append(b)
-                else:
-                    flat.extend(int(i) for i in b)
-            idx = np.asarray(flat, dtype=np.int64)
+            if isinstance(batches[0], int):  # batching off: one index per draw
+                idx = np.asarray(batches, dtype=np.int64)
+            else:  # lists of ints, read at C speed
+                idx = np.fromiter(itertools.chain.from_iterable(batches), dtype=np.int64)
             for arr in self.maps:
                 idx = arr[idx]
             if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= self.root_size):
