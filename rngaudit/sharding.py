@@ -119,14 +119,23 @@ def describe_stream(dataset: Any) -> str:
     epoch = peek.attr(dataset, "_epoch")
     if epoch is not None:
         parts.append(f"epoch={peek.integer(epoch, -1)}")
-    shards = peek.attr(dataset, "n_shards")
-    if isinstance(shards, int):
-        parts.append(f"shards={shards}")
     node = peek.attr(dataset, "_ex_iterable")
+    shards = peek.integer(peek.attr(node, "num_shards"), 0)
+    distributed = peek.attr(dataset, "_distributed")
+    world = peek.integer(peek.attr(distributed, "world_size"), 1)
+    strategy = peek.attr(distributed, "strategy")
+    # Split by shards (datasets' rule: strategy "shards", or "auto" with the shard count a
+    # multiple of the world size): each rank keeps its own shards, whatever the shuffle seed
+    # (it reorders only within them: measured intact). Split by examples (every world-th
+    # example of one shuffled stream): the shuffle must be the same on every rank.
+    by_examples = distributed is not None and not (
+        strategy == "shards" or (strategy == "auto" and world > 0 and shards % world == 0)
+    )
+    parts.append(f"shards={shards}, split={'examples' if by_examples else 'shards'}")
     for _ in range(_MAX_CHAIN):
         if node is None:
             break
-        generator = peek.attr(node, "generator")
+        generator = peek.attr(node, "generator") if by_examples else None
         state = ""
         if generator is not None:
             try:

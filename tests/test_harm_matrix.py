@@ -55,6 +55,7 @@ MUST_STAY_CLEAN = [
     "ds_subclass_seeded_shuffle",
     "stream_shard_shared_seed",
     "hf_stream_shuffle_shared_seed",
+    "hf_stream_split_by_shards_seed_per_rank",
 ]
 DATASET = {
     "random_split_per_rank",

@@ -470,23 +470,29 @@ def stream_shard_shared_seed(ctx: Ctx) -> Plan:
     return _stream_accelerate(ctx, 100)
 
 
-def _hf_stream(ctx: Ctx, seed: int) -> Plan:
+def _hf_stream(ctx: Ctx, seed: int, shards: int = 3) -> Plan:
     from datasets.distributed import split_dataset_by_node
 
     seed_all(0)
-    stream = _hf_items(N).to_iterable_dataset(num_shards=8).shuffle(seed=seed, buffer_size=4)
+    stream = _hf_items(N).to_iterable_dataset(num_shards=shards).shuffle(seed=seed, buffer_size=4)
     part = split_dataset_by_node(stream, rank=ctx.rank, world_size=ctx.world)
     return Plan(ctx.audited(lambda: DataLoader(part.with_format("torch"), batch_size=2)))
 
 
 def hf_stream_shuffle_seed_per_rank(ctx: Ctx) -> Plan:
-    """``IterableDataset.shuffle(seed=rank)`` + ``split_dataset_by_node``: the seed also
-    shuffles the shard list before the shards are assigned."""
+    """``IterableDataset.shuffle(seed=rank)`` + ``split_dataset_by_node`` with 3 shards over 2
+    ranks: split by examples (every other example of each rank's own shuffle of the stream)."""
     return _hf_stream(ctx, ctx.rank)
 
 
 def hf_stream_shuffle_shared_seed(ctx: Ctx) -> Plan:
     return _hf_stream(ctx, 3)
+
+
+def hf_stream_split_by_shards_seed_per_rank(ctx: Ctx) -> Plan:
+    """8 shards over 2 ranks: split by shards, so a per-rank shuffle seed only reorders each
+    rank's own shards (intact, measured)."""
+    return _hf_stream(ctx, ctx.rank, shards=8)
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -519,6 +525,9 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("stream_shard_shared_seed", stream_shard_shared_seed),
         Scenario("hf_stream_shuffle_seed_per_rank", hf_stream_shuffle_seed_per_rank),
         Scenario("hf_stream_shuffle_shared_seed", hf_stream_shuffle_shared_seed),
+        Scenario(
+            "hf_stream_split_by_shards_seed_per_rank", hf_stream_split_by_shards_seed_per_rank
+        ),
     ]
 }
 
