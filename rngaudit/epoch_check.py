@@ -114,13 +114,18 @@ class EpochGuard:
         with self._lock:
             if watch in self.open:
                 self.open.remove(watch)
+            kept = []
             for loader in loaders:
                 shard = sharding.shard_of(sharding.loader_chain(loader))
                 if shard is None:
                     shard = sharding.stream_shard(peek.attr(loader, "dataset"))
                 if shard is not None:
+                    kept.append(shard)
                     self.pending[shard] = watch
                     weakref.finalize(shard, self._dropped)  # never iterated: stop waiting
+            for tape in list(self.tapes):  # epochs drawn inside the block (a prefetch)
+                if tape.context[0] is watch and all(tape.context[1] is not k for k in kept):
+                    tape.abandon()  # the block's verdict already covered that loader
             self._maybe_uninstall()
 
     def _dropped(self) -> None:
