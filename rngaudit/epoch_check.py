@@ -114,11 +114,18 @@ class EpochGuard:
         with self._lock:
             if watch in self.open:
                 self.open.remove(watch)
+            kept = []
             for loader in loaders:
                 shard = sharding.shard_of(sharding.loader_chain(loader))
+                if shard is None:
+                    shard = sharding.stream_shard(peek.attr(loader, "dataset"))
                 if shard is not None:
+                    kept.append(shard)
                     self.pending[shard] = watch
                     weakref.finalize(shard, self._dropped)  # never iterated: stop waiting
+            for tape in list(self.tapes):  # epochs drawn inside the block (a prefetch)
+                if tape.context[0] is watch and all(tape.context[1] is not k for k in kept):
+                    tape.abandon()  # the block's verdict already covered that loader
             self._maybe_uninstall()
 
     def _dropped(self) -> None:
@@ -167,6 +174,9 @@ class EpochGuard:
                 cls = module.BatchSamplerShard
                 if not isinstance(cls.__dict__.get("__iter__"), wrapt.FunctionWrapper):
                     self.patches.wrap(cls, "__iter__", self._shard_iter)
+                stream = module.IterableDatasetShard
+                if not isinstance(stream.__dict__.get("__iter__"), wrapt.FunctionWrapper):
+                    self.patches.wrap(stream, "__iter__", self._stream_iter)
 
     def uninstall(self) -> None:
         with self._lock:
@@ -191,6 +201,16 @@ class EpochGuard:
         state = self._state(instance)
         state.tape = sharding.OrderTape()
         return _teed(instance, gen, state.tape)
+
+    def _stream_iter(
+        self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kw: dict[str, Any]
+    ) -> Any:
+        gen = wrapped(*args, **kw)
+        if not self.installed or instance is None or sharding.stream_shard(instance) is None:
+            return gen
+        state = self._state(instance)
+        state.tape = sharding.OrderTape()
+        return _teed_stream(instance, gen, state.tape)
 
     def _next(
         self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kw: dict[str, Any]
@@ -313,8 +333,11 @@ class EpochGuard:
         try:
             nodes = sharding.chain(peek.attr(iterator, "_index_sampler"))
             shard = sharding.shard_of(nodes)
-            if shard is None:
-                return
+            if shard is None:  # an iterable dataset that splits one stream between ranks
+                shard = sharding.stream_shard(peek.attr(iterator, "_dataset"))
+                if shard is None:
+                    return
+                nodes = [shard]
             with self._lock:
                 watch = self._watch_for(shard)
                 if watch is None:
@@ -343,7 +366,11 @@ class EpochGuard:
             "epoch": state.checks,
             "chain": sharding.chain_name(nodes),
             "shuffling": sharding.is_shuffling(nodes),
-            "dataset": sharding.describe_dataset(peek.attr(iterator, "_dataset")),
+            "dataset": (
+                sharding.describe_stream(shard)
+                if shard is nodes[0] and sharding.stream_shard(shard) is not None
+                else sharding.describe_dataset(peek.attr(iterator, "_dataset"))
+            ),
             "content": sharding.describe_content(peek.attr(iterator, "_dataset")),
             "sampler_state": None,
             "order": [],
@@ -431,6 +458,40 @@ def _teed(shard: Any, gen: Iterator[Any], tape: sharding.OrderTape) -> Iterator[
         return
     finally:
         shard.__dict__["batch_sampler"] = inner
+    yield first
+    yield from gen
+
+
+class _StreamTee:
+    """Stands in for an ``IterableDatasetShard``'s dataset while its first batch is pulled:
+    iterating it iterates the real one and digests each element (the stream before it is split)."""
+
+    def __init__(self, inner: Any, tape: sharding.OrderTape) -> None:
+        self.inner, self.tape = inner, tape
+
+    def __iter__(self) -> Iterator[Any]:
+        it = iter(self.inner)
+        for element in it:
+            self.tape.add([sharding.digest_element(element)])
+            yield element
+            if len(self.tape.batches) >= sharding.PREFIX_BATCHES:
+                break
+        yield from it
+
+
+def _teed_stream(shard: Any, gen: Iterator[Any], tape: sharding.OrderTape) -> Iterator[Any]:
+    """``gen`` (an IterableDatasetShard iteration), the stream it splits teed into ``tape``."""
+    inner = shard.__dict__.get("dataset")
+    if inner is None:
+        yield from gen
+        return
+    shard.__dict__["dataset"] = _StreamTee(inner, tape)
+    try:
+        first = next(gen)  # the body takes iter(self.dataset) here: the tee's
+    except StopIteration:
+        return
+    finally:
+        shard.__dict__["dataset"] = inner
     yield first
     yield from gen
 

@@ -37,6 +37,12 @@ DATASET_REMEDY = (
     "generator=torch.Generator().manual_seed(SEED))), random.Random(SEED).shuffle(items); or "
     "split once on rank 0 and share the indices (a file, or broadcast_object_list)."
 )
+STREAM_REMEDY = (
+    "Shuffle a stream that is split between ranks with the same seed on every rank: "
+    "IterableDataset.shuffle(seed=SEED) before split_dataset_by_node (never seed=rank), "
+    "set_epoch(epoch) with the same epoch on every rank; for a dataset of your own under "
+    "accelerate, seed every rank identically (set_seed(SEED), not device_specific=True)."
+)
 CONTENT_REMEDY = (
     "Nothing to fix if the per-rank content is intended (augmentation). If every rank must "
     "see identical rows, seed the .map() function's randomness identically on every rank (or "
@@ -161,6 +167,15 @@ def _dataset_finding(
         "across ranks and others never seen (a random_split without a shared generator also "
         "leaks validation samples into training).",
     ]
+    remedy = DATASET_REMEDY
+    if any("stream:" in str(d) for d in datasets.values()):
+        lines = [
+            f"The ranks split different streams in {where}: what fixes each rank's stream (its "
+            f"shuffle generator's state, its epoch, its shards) differs ({_groups(datasets)}).",
+            "Each rank takes its share of a differently shuffled stream: samples are "
+            "duplicated across ranks and others never seen.",
+        ]
+        remedy = STREAM_REMEDY
     if split is not None:
         user = split.get("user_call_site")
         lines.append(
@@ -173,7 +188,7 @@ def _dataset_finding(
         "epoch": epoch,
         "datasets": {str(k): v for k, v in datasets.items()},
     }
-    return _error(fk.DATASET_DIVERGENCE, lines, sorted(datasets), split, DATASET_REMEDY, details)
+    return _error(fk.DATASET_DIVERGENCE, lines, sorted(datasets), split, remedy, details)
 
 
 def _content_finding(where: str, contents: dict[int, str], loader: str, epoch: int) -> Finding:

@@ -10,6 +10,7 @@ taken (exact, for datasets up to ``MAX_ROOT`` samples) plus the count of repeats
 from __future__ import annotations
 
 import base64
+import itertools
 import sys
 from typing import Any
 
@@ -71,6 +72,12 @@ class Tape:
         self.known = True
         self.closed = False
 
+    def abandon(self) -> None:
+        """Observe no more, compare nothing: another check already decided this epoch."""
+        self.known = False
+        self.closed = True
+        self.pending = []
+
     def add(self, batch: Any) -> None:
         """An index batch (a list of ints, or one int when batching is off)."""
         if not self.known:
@@ -83,14 +90,13 @@ class Tape:
         import numpy as np
 
         batches, self.pending = self.pending, []
+        if not batches:
+            return
         try:
-            flat: list[int] = []
-            for b in batches:
-                if isinstance(b, int):
-                    flat.append(b)
-                else:
-                    flat.extend(int(i) for i in b)
-            idx = np.asarray(flat, dtype=np.int64)
+            if isinstance(batches[0], int):  # batching off: one index per draw
+                idx = np.asarray(batches, dtype=np.int64)
+            else:  # lists of ints, read at C speed
+                idx = np.fromiter(itertools.chain.from_iterable(batches), dtype=np.int64)
             for arr in self.maps:
                 idx = arr[idx]
             if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= self.root_size):

@@ -93,11 +93,82 @@ def loader_chain(loader: Any) -> list[Any]:
     return chain(peek.first_attr(loader, "batch_sampler", "sampler"))
 
 
+def stream_shard(dataset: Any) -> Any:
+    """The iterable dataset that splits one stream between ranks, or None: accelerate's
+    ``IterableDatasetShard`` over more than one process, or a Hugging Face ``IterableDataset``
+    after ``split_dataset_by_node`` (its ``_distributed`` says the world size)."""
+    if _is_iterable_shard(dataset):
+        return dataset if peek.integer(peek.attr(dataset, "num_processes"), 1) > 1 else None
+    distributed = peek.attr(dataset, "_distributed")
+    if distributed is not None and peek.integer(peek.attr(distributed, "world_size"), 1) > 1:
+        return dataset
+    return None
+
+
+def describe_stream(dataset: Any) -> str:
+    """What fixes an iterable dataset's stream before it is split, read without iterating: the
+    classes of its pipeline, the state fingerprints of the generators in it, its epoch and
+    shard count (Hugging Face), or the wrapped dataset (accelerate)."""
+    from rngaudit import fingerprint
+
+    if _is_iterable_shard(dataset):
+        inner = peek.attr(dataset, "dataset")
+        epoch = peek.attr(dataset, "epoch")
+        return f"{_class_name(dataset)}(epoch={epoch}, of={describe_stream(inner)})"
+    parts = [_class_name(dataset)]
+    epoch = peek.attr(dataset, "_epoch")
+    if epoch is not None:
+        parts.append(f"epoch={peek.integer(epoch, -1)}")
+    node = peek.attr(dataset, "_ex_iterable")
+    shards = peek.integer(peek.attr(node, "num_shards"), 0)
+    distributed = peek.attr(dataset, "_distributed")
+    world = peek.integer(peek.attr(distributed, "world_size"), 1)
+    strategy = peek.attr(distributed, "strategy")
+    # Split by shards (datasets' rule: strategy "shards", or "auto" with the shard count a
+    # multiple of the world size): each rank keeps its own shards, whatever the shuffle seed
+    # (it reorders only within them: measured intact). Split by examples (every world-th
+    # example of one shuffled stream): the shuffle must be the same on every rank.
+    by_examples = distributed is not None and not (
+        strategy == "shards" or (strategy == "auto" and world > 0 and shards % world == 0)
+    )
+    parts.append(f"shards={shards}, split={'examples' if by_examples else 'shards'}")
+    for _ in range(_MAX_CHAIN):
+        if node is None:
+            break
+        generator = peek.attr(node, "generator") if by_examples else None
+        state = ""
+        if generator is not None:
+            try:
+                state = f"[{fingerprint.of(generator)}]"
+            except Exception:
+                state = "[?]"
+        parts.append(_class_name(node) + state)
+        node = peek.attr(node, "ex_iterable")
+    return "stream:" + " > ".join(parts)
+
+
 def loader_is_sharded(loader: Any) -> bool:
     """A DataLoader whose order is split between ranks (or whose dataset is a shard)."""
     if shard_of(loader_chain(loader)) is not None:
         return True
-    return _is_iterable_shard(peek.attr(loader, "dataset"))
+    dataset = peek.attr(loader, "dataset")
+    return _is_iterable_shard(dataset) or stream_shard(dataset) is not None
+
+
+def digest_element(element: Any, depth: int = 0) -> int:
+    """crc32 of one element of a stream (tensors by their bytes, containers item by item)."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and isinstance(element, torch.Tensor):
+            return zlib.crc32(element.detach().cpu().contiguous().numpy().tobytes())
+        if depth < 4 and isinstance(element, dict):
+            data = repr([(repr(k), digest_element(v, depth + 1)) for k, v in element.items()])
+            return zlib.crc32(data.encode())
+        if depth < 4 and isinstance(element, list | tuple):
+            return zlib.crc32(repr([digest_element(v, depth + 1) for v in element]).encode())
+        return zlib.crc32(repr(element).encode())
+    except Exception:  # an element that cannot be read: its type only
+        return zlib.crc32(type(element).__name__.encode())
 
 
 # --------------------------------------------------------------------------- the dataset

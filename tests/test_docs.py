@@ -18,9 +18,9 @@ def _module_map() -> str:
 def test_the_module_map_names_every_module_and_no_other() -> None:
     words = set(re.findall(r"[A-Za-z_]+", _module_map()))
     package = ROOT / "rngaudit"
-    modules = {
-        p.stem for p in package.rglob("*.py") if p.stem != "__init__"
-    } | {p.name for p in package.iterdir() if (p / "__init__.py").exists()}
+    modules = {p.stem for p in package.rglob("*.py") if p.stem != "__init__"} | {
+        p.name for p in package.iterdir() if (p / "__init__.py").exists()
+    }
     missing = sorted(modules - words)
     assert not missing, f"docs/how-it-works.md's module map does not name {missing}"
     # snake_case words in the map are module names: a renamed module must be renamed there too

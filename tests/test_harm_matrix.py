@@ -37,6 +37,8 @@ MUST_RAISE = {  # scenario -> first corrupted epoch
     "ds_subclass_global_shuffle": 0,
     "wrapper_random_split_per_rank": 0,
     "subset_reshuffled_in_place_on_rank0": 1,
+    "stream_shard_device_seeds": 0,
+    "hf_stream_shuffle_seed_per_rank": 0,
 }
 # Found by the observed partition when the rank has drawn the epoch's last index batch (the
 # order a DistributedSampler subclass of one's own makes is not readable before it is drawn).
@@ -51,6 +53,9 @@ MUST_STAY_CLEAN = [
     "rank0_only_eval_loader",
     "hf_map_per_rank_augment",
     "ds_subclass_seeded_shuffle",
+    "stream_shard_shared_seed",
+    "hf_stream_shuffle_shared_seed",
+    "hf_stream_split_by_shards_seed_per_rank",
 ]
 DATASET = {
     "random_split_per_rank",
@@ -59,6 +64,7 @@ DATASET = {
     "hf_shuffle_per_rank",
     "wrapper_random_split_per_rank",
     "subset_reshuffled_in_place_on_rank0",
+    "hf_stream_shuffle_seed_per_rank",
 }
 HOWS = ["block", "env"]
 

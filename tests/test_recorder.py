@@ -323,12 +323,15 @@ def test_a_library_private_generator_made_at_import_is_not_recorded(tmp_path: Pa
     merged = json.loads((tmp_path / "report.json").read_text())
     sites = {e["call_site"]["file"] for r in merged["ranks"] for e in r["events"]}
     assert sites == {"<string>"}
+
+
 def test_report_files_are_written_after_the_block_in_order(report_dir: Path) -> None:
     import json
 
     from rngaudit import report_write as report_files
 
     gate = threading.Event()
+
     def hold() -> None:
         gate.wait(timeout=30)
 

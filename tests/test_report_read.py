@@ -516,6 +516,8 @@ def test_report_json_ranks_must_fit_the_world(tmp_path: Path, rank: int, why: st
     doc["ranks"][1]["rank"] = rank
     write(tmp_path, "report.json", doc)
     assert f"ranks[1] is rank {rank}, which is {why}" in load_error(tmp_path)
+
+
 def test_same_as_entries_of_report_json_are_filled_from_the_rank_files(tmp_path: Path) -> None:
     event = {"seq": 1, "generator": "torch.default_generator", "op": "aten.rand"}
     rep = {"rank": 0, "events": [event]}

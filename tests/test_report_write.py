@@ -92,6 +92,13 @@ def test_the_report_in_memory_has_the_shape_of_the_files(tmp_path: Path) -> None
     rank_file = json.loads((tmp_path / "rank-0.json").read_text())["record"]
     assert json.loads(json.dumps(a.report.ranks)) == merged == [rank_file]
     assert set(merged[0]) == {
-        "rank", "pid", "host", "events", "loaders", "states", "run_id", "environment"
+        "rank",
+        "pid",
+        "host",
+        "events",
+        "loaders",
+        "states",
+        "run_id",
+        "environment",
     }
     assert merged[0]["loaders"][0]["audit"] == 0 and merged[0]["events"]

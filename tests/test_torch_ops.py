@@ -153,6 +153,7 @@ def test_nested_windows_keep_interception_until_the_outer_end(
 def test_other_threads_are_not_intercepted(mechanism: str, report_dir: Path) -> None:
     seen: list[bool] = []
     with rngaudit.audit(mode="report", report_dir=report_dir) as a:
+
         def other() -> None:
             seen.append(intercepting())
             torch.rand(2)

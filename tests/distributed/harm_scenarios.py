@@ -436,6 +436,65 @@ def subset_reshuffled_in_place_on_rank0(ctx: Ctx) -> Plan:
     return Plan(loader, epochs=2, before_epoch=sampler.set_epoch, after_epoch=after)
 
 
+class PermStream(torch.utils.data.IterableDataset[int]):
+    """A user's iterable dataset that shuffles with a seed of its own (accelerate synchronizes
+    the global generators across ranks at iteration, not a dataset's)."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def __iter__(self) -> Iterator[int]:
+        yield from np.random.default_rng(self.seed).permutation(N).tolist()
+
+
+def _stream_accelerate(ctx: Ctx, seed: int) -> Plan:
+    from accelerate import Accelerator, DataLoaderConfiguration
+    from accelerate.utils import InitProcessGroupKwargs
+
+    acc = Accelerator(  # each rank reads the stream and keeps its slice (IterableDatasetShard)
+        cpu=True,
+        dataloader_config=DataLoaderConfiguration(dispatch_batches=False),
+        kwargs_handlers=[InitProcessGroupKwargs(backend="gloo", timeout=PG_TIMEOUT)],
+    )
+    seed_all(seed)
+    loader = DataLoader(PermStream(seed), batch_size=2)
+    return Plan(ctx.audited(lambda: acc.prepare(loader)))
+
+
+def stream_shard_device_seeds(ctx: Ctx) -> Plan:
+    """accelerate's IterableDatasetShard over a stream shuffled from per-rank seeds."""
+    return _stream_accelerate(ctx, 100 + ctx.rank)
+
+
+def stream_shard_shared_seed(ctx: Ctx) -> Plan:
+    return _stream_accelerate(ctx, 100)
+
+
+def _hf_stream(ctx: Ctx, seed: int, shards: int = 3) -> Plan:
+    from datasets.distributed import split_dataset_by_node
+
+    seed_all(0)
+    stream = _hf_items(N).to_iterable_dataset(num_shards=shards).shuffle(seed=seed, buffer_size=4)
+    part = split_dataset_by_node(stream, rank=ctx.rank, world_size=ctx.world)
+    return Plan(ctx.audited(lambda: DataLoader(part.with_format("torch"), batch_size=2)))
+
+
+def hf_stream_shuffle_seed_per_rank(ctx: Ctx) -> Plan:
+    """``IterableDataset.shuffle(seed=rank)`` + ``split_dataset_by_node`` with 3 shards over 2
+    ranks: split by examples (every other example of each rank's own shuffle of the stream)."""
+    return _hf_stream(ctx, ctx.rank)
+
+
+def hf_stream_shuffle_shared_seed(ctx: Ctx) -> Plan:
+    return _hf_stream(ctx, 3)
+
+
+def hf_stream_split_by_shards_seed_per_rank(ctx: Ctx) -> Plan:
+    """8 shards over 2 ranks: split by shards, so a per-rank shuffle seed only reorders each
+    rank's own shards (intact, measured)."""
+    return _hf_stream(ctx, ctx.rank, shards=8)
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in [
@@ -462,6 +521,13 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("ds_subclass_seeded_shuffle", ds_subclass_seeded_shuffle, True),
         Scenario("wrapper_random_split_per_rank", wrapper_random_split_per_rank),
         Scenario("subset_reshuffled_in_place_on_rank0", subset_reshuffled_in_place_on_rank0, True),
+        Scenario("stream_shard_device_seeds", stream_shard_device_seeds),
+        Scenario("stream_shard_shared_seed", stream_shard_shared_seed),
+        Scenario("hf_stream_shuffle_seed_per_rank", hf_stream_shuffle_seed_per_rank),
+        Scenario("hf_stream_shuffle_shared_seed", hf_stream_shuffle_shared_seed),
+        Scenario(
+            "hf_stream_split_by_shards_seed_per_rank", hf_stream_split_by_shards_seed_per_rank
+        ),
     ]
 }
 
