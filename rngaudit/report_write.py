@@ -206,6 +206,20 @@ def _run_id_at(fd: int, name: str) -> str | None:
     return match.group(1).decode("utf-8", "replace") if match else None
 
 
+def other_run(report_dir: Path, names: list[str], run_id: str) -> str | None:
+    """The run id of another run in one of the files ``names`` of ``report_dir`` (None when
+    they are this run's, absent or unreadable): a run that writes there at the same time."""
+    try:
+        with _directory(report_dir) as fd:
+            for name in names:
+                found = _run_id_at(fd, name)
+                if found is not None and found != run_id:
+                    return found
+    except OSError:
+        return None
+    return None
+
+
 def _previous(top: int) -> int:
     """A descriptor of ``previous/`` in the report directory ``top``, created when missing. A
     symbolic link (or a file) planted under that name is removed first, never followed."""

@@ -64,6 +64,8 @@ class Session:
         self.joined = False  # has exchanged through a process group: rank and world are known
         self.pending: list[tuple[int, str, records.RankRecord]] = []  # deferred: no group yet
         self._set_aside_for: str | None = None  # run id whose predecessors were moved away
+        self.write_dir = report_dir  # report_dir, or report_dir/run-<id>/ when another run
+        # writes into report_dir at the same time (another job given the same directory)
         self.audits: list[records.AuditDict] = []
         self.findings: list[Finding] = []
         self.records: dict[int, records.RankRecord] = {}
@@ -88,6 +90,7 @@ class Session:
         identity: str | None = None,
         interrupted: bool = False,
         background_write: bool = False,
+        left: str | None = None,
     ) -> AuditReport:
         """Exchange ``record`` with the other ranks, compare, write the files.
 
@@ -130,6 +133,8 @@ class Session:
         key = exchange.audit_key(name, occurrence) if exchange.distributed() else "local"
         declared = self.mode + ("+strict" if strict else "")
         info = {"label": label, "mode": declared, "raised": record.get("exception")}
+        if interrupted:
+            info["left"] = left or record.get("exception") or "KeyboardInterrupt"
         # rank 0 writes the merged report: it fetches every record (up to FETCH_ALL_MAX ranks)
         result = exchange.exchange(
             record, key, timeout, info=info, leave=interrupted, report_all=self.rank == 0
@@ -143,7 +148,13 @@ class Session:
         # a rank whose block raised stopped drawing early: compare the others among themselves
         comparable = [r for r in arrived if int(r["rank"]) not in result.raised]
         found = compare.protocol(
-            result.kind, result.audits, result.modes, result.raised, result.interrupted, index
+            result.kind,
+            result.audits,
+            result.modes,
+            result.raised,
+            result.interrupted,
+            index,
+            why=result.why,
         )
         if result.kind in ("complete", "abandoned"):
             found += compare.compare(
@@ -185,6 +196,7 @@ class Session:
         close: bool,
         exception: str | None = None,
         interrupted: bool = False,
+        left: str | None = None,
         identity: str | None = None,
         background_write: bool = False,
         acting: bool = True,
@@ -238,6 +250,7 @@ class Session:
                     identity=identity,
                     interrupted=interrupted,
                     background_write=background_write,
+                    left=left,
                 )
             except BaseException as failure:
                 if on_concluded is not None:
@@ -346,17 +359,19 @@ class Session:
             # Encoded now, under the lock: what is written is this moment's report.
             rank_text = report_files.encode(rank_doc)
             merged_text = report_files.encode(merged.to_dict()) if self.rank == 0 else None
-            report_dir, run_id = self.report_dir, self.run_id
-            rank_path = report_files.rank_path(report_dir, self.rank)
+            report_dir, run_id, rank = self.report_dir, self.run_id, self.rank
             set_aside = self._set_aside_for != run_id
             self._set_aside_for = run_id
 
             def job() -> None:
                 if set_aside:
                     report_files.set_aside(report_dir, run_id)
-                report_files.write_text(rank_path, rank_text)
+                elif self.write_dir == report_dir:
+                    self._check_shared(report_dir, run_id, rank, merged_text is not None)
+                out = self.write_dir
+                report_files.write_text(report_files.rank_path(out, rank), rank_text)
                 if merged_text is not None:
-                    report_files.write_text(report_files.merged_path(report_dir), merged_text)
+                    report_files.write_text(report_files.merged_path(out), merged_text)
 
             try:
                 report_dir.mkdir(parents=True, exist_ok=True)  # fails now, not in the background
@@ -373,6 +388,27 @@ class Session:
                     RNGAuditWarning,
                     stacklevel=2,
                 )
+
+    def _check_shared(self, report_dir: Path, run_id: str, rank: int, merged: bool) -> None:
+        """After this run's first write: another run's file where this run wrote means another
+        job writes into the same directory now; this run goes on in ``run-<id>/`` there (its
+        files are rewritten whole, every audit in them), and says so once."""
+        names = [report_files.rank_path(report_dir, rank).name]
+        names += [report_files.MERGED_FILE] if merged else []
+        other = report_files.other_run(report_dir, names, run_id)
+        if other is None:
+            return
+        self.write_dir = report_dir / f"run-{run_id}"
+        if self.write_dir.is_symlink():  # planted: removed, never followed
+            self.write_dir.unlink()
+        self.write_dir.mkdir(exist_ok=True)
+        warnings.warn(
+            f"rngaudit: another run ({other}) writes into {report_dir} at the same time as this "
+            f"one ({run_id}): this run's report goes on in {self.write_dir} (rngaudit report "
+            f"{self.write_dir}); give each job its own report_dir= or RNGAUDIT_REPORT_DIR",
+            RNGAuditWarning,
+            stacklevel=2,
+        )
 
 
 def as_filed(rec: records.RankRecord, index: int, run_id: str) -> records.RankRecord:

@@ -92,6 +92,58 @@ def test_the_report_in_memory_has_the_shape_of_the_files(tmp_path: Path) -> None
     rank_file = json.loads((tmp_path / "rank-0.json").read_text())["record"]
     assert json.loads(json.dumps(a.report.ranks)) == merged == [rank_file]
     assert set(merged[0]) == {
-        "rank", "pid", "host", "events", "loaders", "states", "run_id", "environment"
+        "rank",
+        "pid",
+        "host",
+        "events",
+        "loaders",
+        "states",
+        "run_id",
+        "environment",
     }
     assert merged[0]["loaders"][0]["audit"] == 0 and merged[0]["events"]
+
+
+# Two jobs given one report directory (issue 23, item 10) -----------------------------------
+
+# One job: 30 audits, in lockstep with the other job (its audit i written before this one's
+# i + 1), so the two write into the directory at the same time, interleaved.
+JOB = """
+import os, random, sys, time, warnings
+import rngaudit
+report_dir, me, other = sys.argv[1], sys.argv[2], sys.argv[3]
+warnings.simplefilter("always")
+for i in range(30):
+    with rngaudit.audit(mode="report", report_dir=report_dir):
+        random.random()
+    rngaudit.wait_for_reports()
+    open(os.path.join(report_dir, "..", f"{me}-{i}"), "w").close()
+    while not os.path.exists(os.path.join(report_dir, "..", f"{other}-{i}")):
+        time.sleep(0.005)  # waiting for the other job's event file, not a fixed wait
+"""
+
+
+def test_two_jobs_writing_one_report_directory_each_keep_their_report(tmp_path: Path) -> None:
+    report_dir = tmp_path / "report"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RNGAUDIT")}
+    jobs = [
+        subprocess.Popen(
+            [sys.executable, "-c", JOB, str(report_dir), me, other],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for me, other in (("a", "b"), ("b", "a"))
+    ]
+    errs = [job.communicate(timeout=240)[1] for job in jobs]
+    assert [job.returncode for job in jobs] == [0, 0], errs
+    told = [err for err in errs if "writes into" in err]
+    assert len(told) == 1, errs  # the job whose files were taken over is told, once
+    moved = sorted(report_dir.glob("run-*"))
+    assert len(moved) == 1 and moved[0].name in told[0]
+    reports = [report_dir, moved[0]]
+    audits = [json.loads((d / "report.json").read_text())["audits"] for d in reports]
+    assert [len(a) for a in audits] == [30, 30]  # every audit of both jobs
+    run_ids = {json.loads((d / "rank-0.json").read_text())["run_id"] for d in reports}
+    assert len(run_ids) == 2
