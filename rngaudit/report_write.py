@@ -190,34 +190,25 @@ def run_id_of(path: Path) -> str | None:
 
 
 def _run_id_at(fd: int, name: str) -> str | None:
-    try:
-        file = os.open(name, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | os.O_NONBLOCK, dir_fd=fd)
-    except OSError:
-        return None
-    try:
-        if not stat_module.S_ISREG(os.fstat(file).st_mode):
-            return None  # a FIFO or a device planted under a report's name
-        head = os.read(file, _HEAD)
-    except OSError:
-        return None
-    finally:
-        os.close(file)
-    match = _RUN_ID.search(head)
+    match = _RUN_ID.search(_head_at(fd, name))
     return match.group(1).decode("utf-8", "replace") if match else None
 
 
-def other_run(report_dir: Path, names: list[str], run_id: str) -> str | None:
-    """The run id of another run in one of the files ``names`` of ``report_dir`` (None when
-    they are this run's, absent or unreadable): a run that writes there at the same time."""
+def _head_at(fd: int, name: str) -> bytes:
+    """The first bytes of the regular file ``name`` in ``fd`` (empty: absent, unreadable, a
+    link or not a file)."""
     try:
-        with _directory(report_dir) as fd:
-            for name in names:
-                found = _run_id_at(fd, name)
-                if found is not None and found != run_id:
-                    return found
+        file = os.open(name, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | os.O_NONBLOCK, dir_fd=fd)
     except OSError:
-        return None
-    return None
+        return b""
+    try:
+        if not stat_module.S_ISREG(os.fstat(file).st_mode):
+            return b""  # a FIFO or a device planted under a report's name
+        return os.read(file, _HEAD)
+    except OSError:
+        return b""
+    finally:
+        os.close(file)
 
 
 def _previous(top: int) -> int:

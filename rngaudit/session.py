@@ -64,8 +64,6 @@ class Session:
         self.joined = False  # has exchanged through a process group: rank and world are known
         self.pending: list[tuple[int, str, records.RankRecord]] = []  # deferred: no group yet
         self._set_aside_for: str | None = None  # run id whose predecessors were moved away
-        self.write_dir = report_dir  # report_dir, or report_dir/run-<id>/ when another run
-        # writes into report_dir at the same time (another job given the same directory)
         self.audits: list[records.AuditDict] = []
         self.findings: list[Finding] = []
         self.records: dict[int, records.RankRecord] = {}
@@ -366,12 +364,9 @@ class Session:
             def job() -> None:
                 if set_aside:
                     report_files.set_aside(report_dir, run_id)
-                elif self.write_dir == report_dir:
-                    self._check_shared(report_dir, run_id, rank, merged_text is not None)
-                out = self.write_dir
-                report_files.write_text(report_files.rank_path(out, rank), rank_text)
+                report_files.write_text(report_files.rank_path(report_dir, rank), rank_text)
                 if merged_text is not None:
-                    report_files.write_text(report_files.merged_path(out), merged_text)
+                    report_files.write_text(report_files.merged_path(report_dir), merged_text)
 
             try:
                 report_dir.mkdir(parents=True, exist_ok=True)  # fails now, not in the background
@@ -388,27 +383,6 @@ class Session:
                     RNGAuditWarning,
                     stacklevel=2,
                 )
-
-    def _check_shared(self, report_dir: Path, run_id: str, rank: int, merged: bool) -> None:
-        """After this run's first write: another run's file where this run wrote means another
-        job writes into the same directory now; this run goes on in ``run-<id>/`` there (its
-        files are rewritten whole, every audit in them), and says so once."""
-        names = [report_files.rank_path(report_dir, rank).name]
-        names += [report_files.MERGED_FILE] if merged else []
-        other = report_files.other_run(report_dir, names, run_id)
-        if other is None:
-            return
-        self.write_dir = report_dir / f"run-{run_id}"
-        if self.write_dir.is_symlink():  # planted: removed, never followed
-            self.write_dir.unlink()
-        self.write_dir.mkdir(exist_ok=True)
-        warnings.warn(
-            f"rngaudit: another run ({other}) writes into {report_dir} at the same time as this "
-            f"one ({run_id}): this run's report goes on in {self.write_dir} (rngaudit report "
-            f"{self.write_dir}); give each job its own report_dir= or RNGAUDIT_REPORT_DIR",
-            RNGAuditWarning,
-            stacklevel=2,
-        )
 
 
 def as_filed(rec: records.RankRecord, index: int, run_id: str) -> records.RankRecord:
