@@ -5,6 +5,7 @@ from __future__ import annotations
 from rngaudit.audit import Audit as Audit
 from rngaudit.audit import audit as audit
 from rngaudit.errors import RNGAuditError as RNGAuditError
+from rngaudit.errors import RNGAuditStoreError as RNGAuditStoreError
 from rngaudit.errors import RNGAuditTimeoutError as RNGAuditTimeoutError
 from rngaudit.errors import RNGAuditWarning as RNGAuditWarning
 from rngaudit.errors import RNGDivergenceError as RNGDivergenceError
@@ -20,6 +21,7 @@ __all__ = [
     "AuditReport",
     "Finding",
     "RNGAuditError",
+    "RNGAuditStoreError",
     "RNGAuditTimeoutError",
     "RNGAuditWarning",
     "RNGDivergenceError",

@@ -13,7 +13,7 @@ from contextlib import ContextDecorator
 from types import TracebackType
 from typing import Any, TypedDict, TypeVar
 
-from rngaudit import config, epoch_check, peek, session
+from rngaudit import config, epoch_check, exchange, peek, session
 from rngaudit import instrument as instrumentation  # noqa: F401  (registers the installer)
 from rngaudit.callsite import here
 from rngaudit.errors import RNGAuditError
@@ -162,6 +162,9 @@ class Audit(ContextDecorator):
             close=True,
             exception=describe_exception(exc_type, exc),
             interrupted=exc_type is not None and not issubclass(exc_type, Exception),
+            left=exchange.leaving(exc)
+            if exc is not None and not isinstance(exc, Exception)
+            else None,
             background_write=True,
             acting=exc_type is None,
             on_closed=closed,

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -53,6 +56,9 @@ DIFF_RENDERERS: dict[str, Callable[[RunDiff], str]] = {
 
 def main(argv: list[str] | None = None) -> int:
     """Run the ``rngaudit`` command; returns the exit status."""
+    for stream in (sys.stdout, sys.stderr):  # a terminal that cannot show a character
+        with contextlib.suppress(AttributeError, ValueError, io.UnsupportedOperation):
+            stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
     args = _parser().parse_args(argv)
     try:
         status: int = args.func(args)
@@ -154,16 +160,30 @@ def _add_fail_on(parser: argparse.ArgumentParser) -> None:
 def _report(args: argparse.Namespace) -> int:
     report = load_report_dir(_report_dir(args.dir))
     if args.format == "json":
-        write_json(report, sys.stdout)  # a large report is not held twice
+        write_json(report, sys.stdout)  # a large report is not held twice; JSON escapes all
     else:
-        sys.stdout.write(RENDERERS[args.format](report))
+        sys.stdout.write(printable(RENDERERS[args.format](report)))
     return _status(report, args.fail_on)
 
 
 def _diff(args: argparse.Namespace) -> int:
     compared = diff_dirs(args.dir_a, args.dir_b)
-    sys.stdout.write(DIFF_RENDERERS[args.format](compared))
+    sys.stdout.write(printable(DIFF_RENDERERS[args.format](compared)))
     return OK if compared.identical else FINDINGS
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def printable(text: str) -> str:
+    """``text`` without lone surrogates, which no encoding can write: a byte a file name kept
+    as a surrogate escape (``\\udce9``) is shown as ``\\xe9``, any other as ``\\ud800``."""
+    return _SURROGATE.sub(_show_surrogate, text)
+
+
+def _show_surrogate(match: re.Match[str]) -> str:
+    code = ord(match[0])
+    return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\u{code:04x}"
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -219,7 +239,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.html:
         page = directory / HTML_FILE
         try:
-            write_text(page, render_html(report), mkdir=False)
+            write_text(page, printable(render_html(report)), mkdir=False)
         except OSError as exc:
             raise ReportError(f"cannot write {page}: {exc.strerror or exc}") from None
         sys.stderr.write(f"rngaudit: HTML report: {page}\n")

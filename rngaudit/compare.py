@@ -224,6 +224,7 @@ def protocol(
     raised: dict[int, str],
     interrupted: list[int],
     audit: int = 0,
+    why: str = "KeyboardInterrupt",
 ) -> list[Finding]:
     """Findings about the exchange itself: ranks in different audits, in different modes,
     a rank whose block raised, a rank interrupted. The same on every rank: they come from the
@@ -234,7 +235,7 @@ def protocol(
             Finding(
                 kind=fk.RANK_INTERRUPTED,
                 severity="error",
-                message=f"Rank {format_ranks(interrupted)} was interrupted (KeyboardInterrupt) "
+                message=f"Rank {format_ranks(interrupted)} was interrupted ({why}) "
                 "during the audit; the exchange was abandoned and nothing was compared.",
                 ranks=list(interrupted),
                 remedy="Stop every rank (the launcher does when one exits), or rerun.",
@@ -282,7 +283,7 @@ def protocol(
             )
         )
     for rank, text in sorted(raised.items()):
-        if text.startswith("KeyboardInterrupt") and kind == "interrupted":
+        if rank in interrupted and kind == "interrupted":  # said by the finding above
             continue
         out.append(
             Finding(

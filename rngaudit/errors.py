@@ -31,6 +31,11 @@ class RNGAuditTimeoutError(RNGAuditError):
         self.missing_ranks: tuple[int, ...] = tuple(missing)
 
 
+class RNGAuditStoreError(RNGAuditTimeoutError):
+    """The process group's store went away during an exchange: its host (rank 0, when no
+    launcher hosts it) died or left. ``missing_ranks`` names the host when it is a rank."""
+
+
 class WorkerDuplicateStreamError(RNGAuditError):
     """DataLoader workers were confirmed to share one random stream."""
 

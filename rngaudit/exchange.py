@@ -17,6 +17,7 @@ from datetime import timedelta
 from typing import Any, ClassVar
 
 from rngaudit import forksafe
+from rngaudit.errors import RNGAuditStoreError
 
 KEY_PREFIX = "rngaudit"
 SLICE = 0.2  # seconds per wait: a KeyboardInterrupt surfaces within one slice
@@ -41,6 +42,7 @@ class Exchanged:
     raised: dict[int, str] = field(default_factory=dict)  # rank -> "ValueError: message"
     audits: dict[str, dict[str, Any]] = field(default_factory=dict)  # mismatch: key -> where
     interrupted: list[int] = field(default_factory=list)
+    why: str = "KeyboardInterrupt"  # interrupted: why that rank left (SIGTERM, Ctrl-C)
 
 
 def process_group() -> tuple[int, int] | None:
@@ -179,6 +181,7 @@ class _Waiter:
         self.store, self.key = store, key
         self.done = threading.Event()
         self.found = False
+        self.lost: BaseException | None = None  # the store's connection broke (its host died)
         self.clone: Any = None
         if hasattr(store, "clone"):
             with self._lock:
@@ -200,8 +203,9 @@ class _Waiter:
         try:
             self.clone.wait([self.key], timedelta(seconds=max(0.001, seconds)))
             self.found = True
-        except Exception:  # the store's timeout
+        except Exception as exc:  # the store's timeout, or its host is gone
             self.found = False
+            self.lost = exc if store_lost(exc) else None
         with self._lock:
             self._idle.setdefault(id(self.store), []).append(self.clone)
             self._live.discard(self)
@@ -228,6 +232,65 @@ class _Waiter:
         return False
 
 
+def store_lost(exc: BaseException) -> bool:
+    """Is ``exc`` the store's connection breaking (torch's ``DistNetworkError``: broken pipe,
+    connection reset), not its timeout?"""
+    return type(exc).__name__ == "DistNetworkError" or isinstance(exc, ConnectionError)
+
+
+def store_host() -> int | None:
+    """The rank that hosts the process group's store: 0, unless a launcher hosts it
+    (torchrun's agent: ``TORCHELASTIC_USE_AGENT_STORE``)."""
+    return None if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" else 0
+
+
+def unreachable(rank: int, cause: BaseException) -> RNGAuditStoreError:
+    """The error of ``rank`` that lost the store in an exchange."""
+    host = store_host()
+    where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+    who = (
+        f"rank {host} (the store host, at {where}) is unreachable: it died or left during the audit"
+        if host is not None
+        else f"the launcher's store at {where} is unreachable: the launcher died"
+    )
+    reason = " ".join(str(cause).split())[:200] or type(cause).__name__
+    return RNGAuditStoreError(
+        f"rngaudit: rank {rank} lost the process group's store while the ranks exchanged: {who} "
+        f"({type(cause).__name__}: {reason}). Nothing was compared. See rank "
+        f"{host if host is not None else 0}'s log for why it stopped; a launcher that hosts "
+        "the store itself (torchrun) names the rank that died.",
+        missing=() if host is None else (host,),
+    )
+
+
+def leaving(exc: BaseException) -> str:
+    """Why a rank leaves on ``exc`` (not an ``Exception``): ``KeyboardInterrupt``, or
+    ``SIGTERM (SystemExit: 143)`` when a signal handler raised it."""
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    name = raised_by_signal(exc)
+    return f"{name} ({text})" if name and not isinstance(exc, KeyboardInterrupt) else text
+
+
+def raised_by_signal(exc: BaseException) -> str | None:
+    """``SIGTERM`` when ``exc`` was raised in the Python handler of that signal (its innermost
+    frame runs the handler's code), else None."""
+    import signal
+
+    tb = exc.__traceback__
+    codes: set[Any] = set()
+    while tb is not None:
+        codes.add(tb.tb_frame.f_code)
+        tb = tb.tb_next
+    for sig in (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGHUP", None)):
+        if sig is None:
+            continue
+        handler = signal.getsignal(sig)
+        code = getattr(getattr(handler, "__func__", handler), "__code__", None)
+        if code is not None and code in codes:
+            return signal.Signals(sig).name
+    return None
+
+
 def _decide(store: Any, keys: _Keys, decision: dict[str, Any]) -> dict[str, Any]:
     """Write ``decision`` unless one exists; every rank then reads the one that won."""
     value = json.dumps(decision, sort_keys=True)
@@ -235,9 +298,9 @@ def _decide(store: Any, keys: _Keys, decision: dict[str, Any]) -> dict[str, Any]
     return dict(json.loads(bytes(won).decode()))
 
 
-def _interrupted(rank: int) -> dict[str, Any]:
-    """The decision of a rank that leaves on a KeyboardInterrupt."""
-    return {"kind": "interrupted", "by": rank, "ranks": {}}
+def _interrupted(rank: int, why: str = "KeyboardInterrupt") -> dict[str, Any]:
+    """The decision of a rank that leaves (a KeyboardInterrupt, a SIGTERM handler's exit)."""
+    return {"kind": "interrupted", "by": rank, "ranks": {}, "why": why}
 
 
 def _read_decision(store: Any, keys: _Keys) -> dict[str, Any] | None:
@@ -335,12 +398,20 @@ def exchange_on(
     """:func:`exchange` through a given store, as ``rank`` of ``world`` (the benchmark
     simulates thousands of ranks this way; ``payload``: the record already encoded)."""
     start = time.monotonic()
-    if leave:  # decided before this rank's arrival can complete the count: otherwise rank 0
-        # may decide "complete" first, and report a rank that raised, not one interrupted
-        _decide(store, _Keys(key), _interrupted(rank))
-    written = publish(store, rank, world, key, record, dict(info or {}), payload)
-    every = report_all and world <= FETCH_ALL_MAX
-    return collect(store, rank, world, record, key, timeout, every, leave, start, written)
+    why = str((info or {}).get("left") or "KeyboardInterrupt")
+    try:
+        if leave:  # decided before this rank's arrival can complete the count: otherwise rank
+            # 0 may decide "complete" first, and report a rank that raised, not one interrupted
+            _decide(store, _Keys(key), _interrupted(rank, why))
+        written = publish(store, rank, world, key, record, dict(info or {}), payload)
+        every = report_all and world <= FETCH_ALL_MAX
+        return collect(
+            store, rank, world, record, key, timeout, every, leave, start, written, why=why
+        )
+    except Exception as exc:
+        if store_lost(exc):
+            raise unreachable(rank, exc) from None
+        raise
 
 
 def collect(
@@ -354,6 +425,7 @@ def collect(
     leave: bool = False,
     start: float | None = None,
     written: list[str] | None = None,
+    why: str = "KeyboardInterrupt",
 ) -> Exchanged:
     """The second half of :func:`exchange_on`: wait for the decision, fetch, clean up
     (``written``: the keys :func:`publish` wrote, deleted after the next complete exchange)."""
@@ -362,15 +434,19 @@ def collect(
     pending = PENDING.setdefault((id(store), rank), Pending())
     try:
         if leave:
-            decision = _decide(store, keys, _interrupted(rank))
+            decision = _decide(store, keys, _interrupted(rank, why))
         else:
             try:
                 decision = _await_decision(store, keys, key, rank, world, timeout, start)
-            except KeyboardInterrupt:
-                _decide(store, keys, _interrupted(rank))
+            except Exception:
+                raise
+            except BaseException as leaving_now:  # Ctrl-C, a SIGTERM handler's sys.exit()
+                with contextlib.suppress(Exception):  # the others are told, then it goes on
+                    _decide(store, keys, _interrupted(rank, leaving(leaving_now)))
                 raise
     finally:
-        store.add(WAITING, -1)
+        with contextlib.suppress(Exception):  # a lost store is reported by what failed first
+            store.add(WAITING, -1)
     result = _result(store, keys, decision, record, rank, world, fetch_all, start)
     mine = list(written if written is not None else [keys.record(rank), keys.arrival(rank)])
     if decision["kind"] == "complete":
@@ -434,8 +510,12 @@ def _wait_for(
     waiter = _Waiter(store, awaited, limit - (time.monotonic() - start))
     try:
         while True:
-            if waiter.wait(SLICE) and waiter.found:
-                return found()
+            if waiter.wait(SLICE):
+                if waiter.found:
+                    return found()
+                if waiter.lost is not None:
+                    raise waiter.lost
+                time.sleep(SLICE)  # the store's wait ended early: idle, not a busy loop
             if meanwhile is not None:
                 decision = meanwhile()
                 if decision is not None:
@@ -585,4 +665,5 @@ def _result(
         raised={int(r): str(text) for r, text in decision.get("raised", {}).items()},
         audits=dict(decision.get("audits", {})),
         interrupted=[int(decision["by"])] if kind == "interrupted" else [],
+        why=str(decision.get("why") or "KeyboardInterrupt"),
     )

@@ -14,6 +14,7 @@ from rngaudit.events import DRAW, PRE_ITERATION
 from rngaudit.findings import Finding, format_ranks
 from rngaudit.records import AuditDict, Event, Loader
 from rngaudit.report import AuditReport
+from rngaudit.report_write import finite
 
 WIDTH = 100
 MAX_TIMELINE_ROWS = 60
@@ -26,15 +27,17 @@ _INDENT = "    "
 
 
 def render_json(report: AuditReport) -> str:
-    """The report as ``report.json`` holds it (``AuditReport.to_dict()``), indented."""
-    return json.dumps(report.to_dict(), indent=2) + "\n"
+    """The report as ``report.json`` holds it (``AuditReport.to_dict()``), indented; valid
+    JSON (a NaN or an infinity is written as the string ``"NaN"``, ``"Infinity"``)."""
+    return json.dumps(finite(report.to_dict()), indent=2, allow_nan=False) + "\n"
 
 
 def write_json(report: AuditReport, out: TextIO, chunk: int = 1 << 16) -> None:
     """:func:`render_json` written to ``out`` in pieces: no copy of the whole text in memory."""
     pieces: list[str] = []
     size = 0
-    for piece in json.JSONEncoder(indent=2).iterencode(report.to_dict()):
+    encoder = json.JSONEncoder(indent=2, allow_nan=False)
+    for piece in encoder.iterencode(finite(report.to_dict())):
         pieces.append(piece)
         size += len(piece)
         if size >= chunk:
@@ -46,10 +49,10 @@ def write_json(report: AuditReport, out: TextIO, chunk: int = 1 << 16) -> None:
 def render_text(report: AuditReport, *, width: int = WIDTH) -> str:
     """Verdict, findings, then each audit's pre-iteration draws side by side per rank."""
     head = f"rngaudit: {report.verdict.upper()} ({_run_line(report)})"
-    lines = textwrap.wrap(head, width, subsequent_indent=_INDENT, break_on_hyphens=False)
+    lines = wrap(head, width, subsequent_indent=_INDENT, break_on_hyphens=False)
     if len(report.audits) > 1:
         audits = "audits: " + ", ".join(_audit_name(a) for a in report.audits)
-        lines += textwrap.wrap(audits, width, subsequent_indent=_INDENT, break_on_hyphens=False)
+        lines += wrap(audits, width, subsequent_indent=_INDENT, break_on_hyphens=False)
     lines.append(_counts(report.findings).capitalize() + ".")
     for finding in report.findings:
         lines += ["", *_text_finding(report, finding, width)]
@@ -57,7 +60,7 @@ def render_text(report: AuditReport, *, width: int = WIDTH) -> str:
     if loaders:
         lines += ["", "Loaders built in the audited windows:"]
         for line in loaders:
-            lines += textwrap.wrap(line, width, initial_indent="  ", subsequent_indent="      ")
+            lines += wrap(line, width, initial_indent="  ", subsequent_indent="      ")
     for timeline in _timelines(report):
         lines += ["", *_text_timeline(timeline, width)]
     return "\n".join(line.rstrip() for line in lines) + "\n"
@@ -68,12 +71,12 @@ def render_markdown(report: AuditReport) -> str:
     lines = [
         f"# rngaudit report: {report.verdict.upper()}",
         "",
-        f"- Run: {_md_code(report.run_id)}",
+        f"- Run: {markdown_code(report.run_id)}",
         f"- World size: {report.world_size}",
-        f"- Mode: {_md(report.mode)}",
+        f"- Mode: {markdown_text(report.mode)}",
     ]
     if len(report.audits) > 1:
-        lines.append("- Audits: " + ", ".join(_md(_audit_name(a)) for a in report.audits))
+        lines.append("- Audits: " + ", ".join(markdown_text(_audit_name(a)) for a in report.audits))
     lines.append(f"- {_counts(report.findings).capitalize()}")
     if report.findings:
         lines += ["", "## Findings"]
@@ -81,7 +84,7 @@ def render_markdown(report: AuditReport) -> str:
         lines += ["", *_markdown_finding(report, finding, number)]
     loaders = _loader_lines(report)
     if loaders:
-        lines += ["", "## Loaders", "", *(f"- {_md(line)}" for line in loaders)]
+        lines += ["", "## Loaders", "", *(f"- {markdown_text(line)}" for line in loaders)]
     for timeline in _timelines(report):
         lines += ["", *_markdown_timeline(timeline)]
     return "\n".join(lines) + "\n"
@@ -91,7 +94,7 @@ def render_summary(report: AuditReport, *, width: int = WIDTH) -> str:
     """A few lines for the end of ``rngaudit run``: the verdict, then each finding wrapped."""
     lines = [f"rngaudit: {report.verdict.upper()}, {_counts(report.findings)}; {_run_line(report)}"]
     for finding in report.findings:
-        lines += textwrap.wrap(
+        lines += wrap(
             f"{finding.severity} {finding.kind}: {finding.message}",
             width,
             initial_indent="rngaudit:   ",
@@ -102,6 +105,47 @@ def render_summary(report: AuditReport, *, width: int = WIDTH) -> str:
 
 
 # Shared pieces -----------------------------------------------------------------------------
+
+
+_LONG_WORD = 1024  # characters: a longer word is cut into line-sized pieces before wrapping
+
+
+class _Wrapper(textwrap.TextWrapper):
+    """``textwrap``'s wrapping, in time linear in the text: ``textwrap`` alone copies the rest
+    of a word longer than a line at every line it fills (quadratic in the word's length)."""
+
+    def _split_chunks(self, text: str) -> list[str]:
+        chunks = super()._split_chunks(text)
+        if all(len(chunk) <= _LONG_WORD for chunk in chunks):
+            return chunks
+        room = max(1, self.width - max(len(self.initial_indent), len(self.subsequent_indent)))
+        pieces: list[str] = []
+        for chunk in chunks:
+            if len(chunk) <= _LONG_WORD:
+                pieces.append(chunk)
+            elif not chunk.strip():
+                pieces.append(" ")  # a long run of spaces: one break
+            else:
+                pieces += [chunk[i : i + room] for i in range(0, len(chunk), room)]
+        return pieces
+
+
+def wrap(
+    text: str,
+    width: int = WIDTH,
+    *,
+    initial_indent: str = "",
+    subsequent_indent: str = "",
+    break_on_hyphens: bool = True,
+) -> list[str]:
+    """``textwrap.wrap(text, width, ...)``, in linear time whatever the length of a word."""
+    wrapper = _Wrapper(
+        width,
+        initial_indent=initial_indent,
+        subsequent_indent=subsequent_indent,
+        break_on_hyphens=break_on_hyphens,
+    )
+    return wrapper.wrap(text)
 
 
 def _loader_lines(report: AuditReport) -> list[str]:
@@ -315,12 +359,10 @@ def _timeline_title(timeline: _Timeline) -> str:
 
 def _text_finding(report: AuditReport, finding: Finding, width: int) -> list[str]:
     lines = [f"[{finding.severity}] {finding.kind}{_audit_suffix(report, finding.audit)}"]
-    lines += textwrap.wrap(
-        finding.message, width, initial_indent=_INDENT, subsequent_indent=_INDENT
-    )
+    lines += wrap(finding.message, width, initial_indent=_INDENT, subsequent_indent=_INDENT)
     hanging = _INDENT + " " * _LABEL
     for label, value in _finding_fields(finding):
-        lines += textwrap.wrap(
+        lines += wrap(
             value,
             width,
             initial_indent=_INDENT + f"{label}:".ljust(_LABEL),
@@ -336,7 +378,7 @@ def _text_timeline(timeline: _Timeline, width: int) -> list[str]:
     column_width = (width - _PREFIX - len(_GAP) * (columns - 1)) // columns
     start, stop = _visible_rows(timeline, MAX_TIMELINE_ROWS)
     title = f"{_timeline_title(timeline)} (one column per rank, aligned by position):"
-    lines = textwrap.wrap(title, width)
+    lines = wrap(title, width)
     for first in range(0, len(timeline.ranks), columns):
         block = range(first, min(first + columns, len(timeline.ranks)))
         header = [f"rank {timeline.ranks[j]}" for j in block]
@@ -363,7 +405,7 @@ def _text_timeline(timeline: _Timeline, width: int) -> list[str]:
         lines.append("")
     note = _divergence_note(timeline)
     marker = ">> " if timeline.divergence is not None else ""
-    lines += textwrap.wrap(marker + note, width, subsequent_indent=" " * len(marker))
+    lines += wrap(marker + note, width, subsequent_indent=" " * len(marker))
     return lines
 
 
@@ -385,18 +427,19 @@ def _text_cell(event: Event | None, column_width: int) -> list[str]:
 
 
 def _markdown_finding(report: AuditReport, finding: Finding, number: int) -> list[str]:
-    title = f"### {number}. {_md(finding.severity)}: {_md_code(finding.kind)}"
-    suffix = _md(_audit_suffix(report, finding.audit))
-    lines = [title + suffix, "", _md(finding.message), ""]
+    title = f"### {number}. {markdown_text(finding.severity)}: {markdown_code(finding.kind)}"
+    suffix = _audit_suffix(report, finding.audit).strip()
+    title += f" {markdown_text(suffix)}" if suffix else ""
+    lines = [title, "", markdown_text(finding.message, lines=True), ""]
     code = {"generator", "drawn at", "user code"}
     for label, value in _finding_fields(finding):
-        shown = _md_code(value) if label in code else _md(value)
+        shown = markdown_code(value) if label in code else markdown_text(value)
         lines.append(f"- **{label.capitalize()}:** {shown}")
     return lines
 
 
 def _markdown_timeline(timeline: _Timeline) -> list[str]:
-    lines = [f"## {_md(_timeline_title(timeline))}", ""]
+    lines = [f"## {markdown_text(_timeline_title(timeline))}", ""]
     lines.append("| # | " + " | ".join(f"rank {rank}" for rank in timeline.ranks) + " |")
     lines.append("|---:|" + "---|" * len(timeline.ranks))
     start, stop = _visible_rows(timeline, MAX_TIMELINE_ROWS)
@@ -408,7 +451,7 @@ def _markdown_timeline(timeline: _Timeline) -> list[str]:
     lines.append("")
     if hidden:
         lines += [f"{hidden} positions not shown (earlier: {start}).", ""]
-    note = _md(_divergence_note(timeline))
+    note = markdown_text(_divergence_note(timeline))
     lines.append(f"**>>** {note}" if timeline.divergence is not None else note)
     return lines
 
@@ -417,29 +460,75 @@ def _markdown_cell(event: Event | None) -> str:
     if event is None:
         return "(no event)"
     parts = [
-        _md_code(str(event.get("generator") or "?")),
-        _md(_event_summary(event)),
-        *(_md(site) for site in _event_sites(event)),
+        markdown_code(str(event.get("generator") or "?"), table=True),
+        markdown_text(_event_summary(event), table=True),
+        *(markdown_text(site, table=True) for site in _event_sites(event)),
     ]
-    return "<br>".join(part.replace("|", "\\|") for part in parts)
+    return "<br>".join(parts)
 
 
+# What CommonMark, GitHub's extensions (tables, strikethrough, math) and the raw HTML GitHub
+# allows could read as markup in text taken from a report: backslash-escaped, or an entity.
 _MD_ESCAPES = str.maketrans(
-    {"&": "&amp;", "<": "&lt;", ">": "&gt;", "\\": "\\\\", "`": "\\`", "*": "\\*"}
+    {
+        "&": "&amp;",
+        "<": "&lt;",
+        ">": "&gt;",
+        "\\": "\\\\",
+        "`": "\\`",
+        "*": "\\*",
+        "[": "\\[",
+        "]": "\\]",
+        "~": "\\~",
+        "|": "\\|",
+        "$": "\\$",
+    }
 )
 _MD_UNDERSCORE = re.compile(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")  # inside a word it is inert
+# Words GitHub links however they are escaped (its autolinks, mentions and issue references
+# are found in the rendered text): shown as code spans, where nothing is linked.
+_MD_LINKED = re.compile(r"://|www\.|@|mailto:|xmpp:|(?<![A-Za-z0-9_])#[0-9]", re.IGNORECASE)
+_MD_LIST_NUMBER = re.compile(r"([0-9]{1,9})([.)])")
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+_SPACES = re.compile(r"(\s+)")
 
 
-def _md(text: str) -> str:
-    """Text that Markdown (and the HTML GitHub allows in it) shows as written: ``<module>``
-    becomes ``&lt;module&gt;``, ``__iter__`` does not turn bold."""
-    text = _MD_UNDERSCORE.sub(r"\_", text.translate(_MD_ESCAPES))
-    return "\\" + text if text[:1] in ("#", "-", "+") else text  # not a heading or a list
+def markdown_text(text: str, *, table: bool = False, lines: bool = False) -> str:
+    """Text that Markdown shows as written, nothing of it live: ``<module>`` becomes
+    ``&lt;module&gt;``, ``__iter__`` does not turn bold, no HTML, link, image, table cell or
+    block starts in it, and a word GitHub would link (a URL, ``@name``, ``#12``) is a code
+    span. One line, unless ``lines`` (a paragraph: its line breaks kept, blank lines
+    dropped); ``table``: it stands in a table cell."""
+    parts = [part.strip() for part in _LINE_BREAK.split(text)]
+    if not lines:
+        return _md_line(" ".join(part for part in parts if part), table)
+    return "\n".join(_md_line(part, table) for part in parts if part)
 
 
-def _md_code(text: str) -> str:
-    """An inline code span holding ``text`` as written, whatever backticks it contains."""
+def _md_line(line: str, table: bool) -> str:
+    words = _SPACES.split(line)  # linear in the text, whatever its words' lengths
+    for i in range(0, len(words), 2):
+        word = words[i]
+        if _MD_LINKED.search(word):
+            words[i] = markdown_code(word, table=table)
+        elif word:
+            words[i] = _MD_UNDERSCORE.sub(r"\_", word.translate(_MD_ESCAPES))
+    text = "".join(words)
+    if text[:1] in ("#", "-", "+", "="):  # not a heading, a list item or a heading's underline
+        return "\\" + text
+    number = _MD_LIST_NUMBER.match(text)
+    if number:  # "1." does not start an ordered list
+        return f"{number[1]}\\{number[2]}{text[number.end() :]}"
+    return text
+
+
+def markdown_code(text: str, *, table: bool = False) -> str:
+    """An inline code span holding ``text`` as written, whatever backticks it contains (one
+    line; ``table``: its pipes escaped, as a table cell needs)."""
+    text = _LINE_BREAK.sub(" ", text)
+    if table:
+        text = text.replace("|", "\\|")
     longest = max((len(run) for run in re.findall("`+", text)), default=0)
     fence = "`" * (longest + 1)
-    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    pad = " " if text[:1] in ("`", " ") or text[-1:] in ("`", " ") else ""
     return f"{fence}{pad}{text}{pad}{fence}"

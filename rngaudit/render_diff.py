@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import textwrap
 
 from rngaudit.callsite import format_site
 from rngaudit.diff import (
@@ -20,7 +19,15 @@ from rngaudit.diff import (
     ranks_label,
 )
 from rngaudit.records import Event
-from rngaudit.render import WIDTH, _event_summary, _run_line
+from rngaudit.render import (
+    WIDTH,
+    _event_summary,
+    _run_line,
+    markdown_code,
+    markdown_text,
+    wrap,
+)
+from rngaudit.report_write import finite
 
 _INDENT = "  "
 _LABEL = 17
@@ -28,7 +35,7 @@ _LABEL = 17
 
 def render_diff_json(diff: RunDiff) -> str:
     """The comparison as one JSON object (``RunDiff.to_dict()``), indented."""
-    return json.dumps(diff.to_dict(), indent=2) + "\n"
+    return json.dumps(finite(diff.to_dict()), indent=2, allow_nan=False) + "\n"
 
 
 def render_diff_text(diff: RunDiff, *, width: int = WIDTH) -> str:
@@ -52,21 +59,23 @@ def render_diff_text(diff: RunDiff, *, width: int = WIDTH) -> str:
 
 
 def render_diff_markdown(diff: RunDiff) -> str:
-    """The text comparison's content as Markdown."""
+    """The text comparison's content as Markdown (text from the reports escaped: nothing of it
+    is live, see :func:`rngaudit.render.markdown_text`)."""
     lines = [
         f"# rngaudit diff: {verdict(diff)}",
         "",
-        f"- A: `{diff.path_a}` ({_run_line(diff.a)}, verdict {diff.a.verdict})",
-        f"- B: `{diff.path_b}` ({_run_line(diff.b)}, verdict {diff.b.verdict})",
+        f"- A: {_md_run(diff, 'a')}",
+        f"- B: {_md_run(diff, 'b')}",
     ]
     for title, items in (
         ("Environment differences", diff.environment),
         ("Set-up differences", diff.setup),
     ):
         if items:
-            lines += ["", f"## {title}", "", *(f"- {difference_line(d)}" for d in items)]
+            lines += ["", f"## {title}", ""]
+            lines += [f"- {markdown_text(difference_line(d))}" for d in items]
     for note in diff.notes:
-        lines += ["", f"> Note: {note}."]
+        lines += ["", f"> Note: {markdown_text(note)}."]
     for rank_diff in diff.ranks:
         lines += ["", *_markdown_rank(rank_diff)]
     return "\n".join(lines) + "\n"
@@ -141,7 +150,7 @@ def change_line(change: SiteChange) -> str:
 
 
 def _wrap(text: str, width: int, first: str, rest: str) -> list[str]:
-    return textwrap.wrap(
+    return wrap(
         text, width, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False
     ) or [first.rstrip()]
 
@@ -150,9 +159,11 @@ def _fit_line(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def _md(text: str) -> str:
-    """Plain text for Markdown: ``<module>`` must not read as an HTML tag."""
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+def _md_run(diff: RunDiff, side: str) -> str:
+    path, report = (diff.path_a, diff.a) if side == "a" else (diff.path_b, diff.b)
+    return f"{markdown_code(str(path))} ({markdown_text(_run_line(report))}, verdict " + (
+        f"{markdown_text(report.verdict)})"
+    )
 
 
 # Text --------------------------------------------------------------------------------------
@@ -187,7 +198,8 @@ def _text_rank(rank_diff: RankDiff, width: int) -> list[str]:
 
 
 def _markdown_rank(rank_diff: RankDiff) -> list[str]:
-    lines = [f"## {ranks_label(rank_diff.ranks).capitalize()}", "", rank_heading(rank_diff)]
+    heading = markdown_text(ranks_label(rank_diff.ranks).capitalize())
+    lines = [f"## {heading}", "", markdown_text(rank_heading(rank_diff))]
     rows = divergent_events(rank_diff)
     if rows:
         lines += [""]
@@ -195,23 +207,27 @@ def _markdown_rank(rank_diff: RankDiff) -> list[str]:
             if event is None:
                 lines.append(f"- **{label}:** nothing (its timeline ends here)")
             else:
-                lines.append(f"- **{label}:** `{event_line(event)}` {_md(event_where(event))}")
+                lines.append(f"- **{label}:** {_md_event(event)}")
     if rank_diff.before:
         lines += ["", "Before it, in both runs:", ""]
         first = (rank_diff.position or 0) - len(rank_diff.before)
         for i, event in enumerate(rank_diff.before, first):
-            lines.append(f"- {i}: `{event_line(event)}` {_md(event_where(event))}")
+            lines.append(f"- {i}: {_md_event(event)}")
     if rank_diff.after:
         lines += ["", "From there on, the call sites that differ:", ""]
         lines += ["| generator | op | call site | draws in A | draws in B | state differs |"]
         lines += ["|---|---|---|---:|---:|---|"]
         for c in rank_diff.after:
             where = c.site + (f" from {c.user_site}" if c.user_site != c.site else "")
-            where = _md(where).replace("|", "\\|")
             lines.append(
-                f"| `{c.generator}` | {c.op} | {where} | {c.count_a} | "
+                f"| {markdown_code(c.generator, table=True)} | {markdown_text(c.op, table=True)} "
+                f"| {markdown_text(where, table=True)} | {c.count_a} | "
                 f"{c.count_b} | {'yes' if c.states_differ else ''} |"
             )
         if rank_diff.after_more:
             lines += ["", f"... and {rank_diff.after_more} more call sites."]
     return lines
+
+
+def _md_event(event: Event) -> str:
+    return f"{markdown_code(event_line(event))} {markdown_text(event_where(event))}"

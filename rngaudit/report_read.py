@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import types
 import typing
@@ -155,12 +156,21 @@ def _add_rank_local_findings(report: AuditReport, rank_files: list[_RankFile]) -
 
 
 def _rank_files(directory: Path) -> list[tuple[int, Path]]:
-    found = []
-    for path in directory.glob(RANK_FILE.format(rank="*")):
+    """The rank files in ``directory`` by rank; two names for one rank (``rank-0.json`` and
+    ``rank-00.json``) are refused: which one the rank wrote cannot be told."""
+    found: dict[int, Path] = {}
+    for path in sorted(directory.glob(RANK_FILE.format(rank="*"))):
         rank = path.name[len(_RANK_PREFIX) : len(path.name) - len(_RANK_SUFFIX)]
-        if rank.isascii() and rank.isdigit() and path.is_file():
-            found.append((int(rank), path))
-    return sorted(found)
+        if not (rank.isascii() and rank.isdigit() and path.is_file()):
+            continue
+        number = int(rank)  # a file name is short: no huge integer
+        if number in found:
+            raise ReportError(
+                f"{found[number]} and {path.name} in {directory} are both rank {number}: "
+                "remove the copy"
+            )
+        found[number] = path
+    return sorted(found.items())
 
 
 def _load_report_file(path: Path) -> AuditReport:
@@ -293,7 +303,7 @@ def _read_object(path: Path, shape: _Shape) -> dict[str, Any]:
     if not text.strip():
         raise ReportError(f"{path}: file is empty")
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=_not_a_number, parse_float=_finite_float)
     except json.JSONDecodeError as exc:
         raise ReportError(
             f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
@@ -316,6 +326,18 @@ def _read_object(path: Path, shape: _Shape) -> dict[str, Any]:
         )
     _check_fields(data, shape, str(path))
     return data
+
+
+def _not_a_number(literal: str) -> str:
+    """``NaN``, ``Infinity`` and ``-Infinity`` (not JSON, but Python writes them) are kept as
+    the strings they spell: what is read back out is then valid JSON."""
+    return literal
+
+
+def _finite_float(literal: str) -> float | str:
+    """A number too large for a float (``1e400``) is kept as its text, not as infinity."""
+    value = float(literal)
+    return value if math.isfinite(value) else literal
 
 
 def _check_depth(data: Any, path: Path) -> None:

@@ -118,6 +118,7 @@ class Session:
         identity: str | None = None,
         interrupted: bool = False,
         background_write: bool = False,
+        left: str | None = None,
     ) -> AuditReport:
         """Exchange ``record`` with the other ranks, compare, write the files.
 
@@ -158,6 +159,8 @@ class Session:
         key = exchange.audit_key(name, occurrence) if exchange.distributed() else "local"
         declared = self.mode + ("+strict" if strict else "")
         info = {"label": label, "mode": declared, "raised": record.get("exception")}
+        if interrupted:
+            info["left"] = left or record.get("exception") or "KeyboardInterrupt"
         # rank 0 writes the merged report: it fetches every record (up to FETCH_ALL_MAX ranks)
         result = exchange.exchange(
             record, key, timeout, info=info, leave=interrupted, report_all=self.rank == 0
@@ -171,7 +174,13 @@ class Session:
         # a rank whose block raised stopped drawing early: compare the others among themselves
         comparable = [r for r in arrived if int(r["rank"]) not in result.raised]
         found = compare.protocol(
-            result.kind, result.audits, result.modes, result.raised, result.interrupted, index
+            result.kind,
+            result.audits,
+            result.modes,
+            result.raised,
+            result.interrupted,
+            index,
+            why=result.why,
         )
         if result.kind in ("complete", "abandoned"):
             found += compare.compare(
@@ -214,6 +223,7 @@ class Session:
         close: bool,
         exception: str | None = None,
         interrupted: bool = False,
+        left: str | None = None,
         identity: str | None = None,
         background_write: bool = False,
         acting: bool = True,
@@ -267,6 +277,7 @@ class Session:
                     identity=identity,
                     interrupted=interrupted,
                     background_write=background_write,
+                    left=left,
                 )
             except BaseException as failure:
                 if on_concluded is not None:
@@ -395,15 +406,14 @@ class Session:
             # Encoded now, under the lock: what is written is this moment's report.
             rank_text = report_files.encode(rank_doc)
             merged_text = report_files.encode(merged.to_dict()) if self.rank == 0 else None
-            report_dir, run_id = self.report_dir, self.run_id
-            rank_path = report_files.rank_path(report_dir, self.rank)
+            report_dir, run_id, rank = self.report_dir, self.run_id, self.rank
             set_aside = self._set_aside_for != run_id
             self._set_aside_for = run_id
 
             def job() -> None:
                 if set_aside:
                     report_files.set_aside(report_dir, run_id)
-                report_files.write_text(rank_path, rank_text)
+                report_files.write_text(report_files.rank_path(report_dir, rank), rank_text)
                 if merged_text is not None:
                     report_files.write_text(report_files.merged_path(report_dir), merged_text)
 

@@ -20,8 +20,8 @@ import os, sys, threading
 from pathlib import Path
 from rngaudit import report_write as report_files
 real_replace = os.replace
-def stuck(src, dst):
-    Path(sys.argv[2]).write_text(src)  # the event the test waits for
+def stuck(src, dst, **dir_fds):  # names relative to the report directory's descriptor
+    Path(sys.argv[2]).write_text(str(Path(sys.argv[1]).parent / src))  # what the test waits for
     threading.Event().wait()
 report_files.os.replace = stuck
 report_files.write_json(Path(sys.argv[1]), {"big": "x" * 100000})
@@ -102,3 +102,4 @@ def test_the_report_in_memory_has_the_shape_of_the_files(tmp_path: Path) -> None
         "environment",
     }
     assert merged[0]["loaders"][0]["audit"] == 0 and merged[0]["events"]
+
