@@ -273,11 +273,16 @@ def test_accelerate_resume_verdict_matches_the_truth(resume: Run) -> None:
     if "missing" in run.report_dir.parent.name:
         assert total == 32 and duplicates > 0  # measured: rank 1 shuffled on its own state
         found = [f for f in run.report()["findings"] if f["severity"] == "error"]
-        assert [f["kind"] for f in found] == ["sampler-draw-divergence"]
-        assert (
-            "The run resumed before this (Accelerator.load_state() at resume_train.py:"
-            in (found[0]["message"])
-        )
+        # at the resumed epoch's first batch; and (warn mode trains on) the observed partition
+        # at its end, with the overlap measured above
+        assert [f["kind"] for f in found] == ["sampler-draw-divergence", "partition-overlap"]
+        assert found[1]["details"]["shared"] == duplicates
+        assert found[1]["details"]["never"] == total - distinct
+        for finding in found:
+            assert (
+                "The run resumed before this (Accelerator.load_state() at resume_train.py:"
+                in finding["message"]
+            )
     else:
         assert (distinct, duplicates, total) == (32, 0, 32)
         assert errors(run.report()) == []
