@@ -373,6 +373,9 @@ class EpochGuard:
             ),
             "content": sharding.describe_content(peek.attr(iterator, "_dataset")),
             "sampler_state": None,
+            # batches this epoch had yielded when its first batch came back (1, or more after a
+            # resume: a StatefulDataLoader restored mid-epoch)
+            "position": peek.integer(peek.attr(iterator, "_num_yielded"), -1),
             "order": [],
             "draws": [],
         }

@@ -37,6 +37,11 @@ DATASET_REMEDY = (
     "generator=torch.Generator().manual_seed(SEED))), random.Random(SEED).shuffle(items); or "
     "split once on rank 0 and share the indices (a file, or broadcast_object_list)."
 )
+POSITION_REMEDY = (
+    "Restore every rank's loader from the same step: save each rank's "
+    "StatefulDataLoader.state_dict() at the same step (accelerate's save_state() does, for every "
+    "rank) and load each rank's own state from that one checkpoint."
+)
 STREAM_REMEDY = (
     "Shuffle a stream that is split between ranks with the same seed on every rank: "
     "IterableDataset.shuffle(seed=SEED) before split_dataset_by_node (never seed=rank), "
@@ -147,7 +152,27 @@ def compare(
     ]
     if differs or _common_prefix_differs(orders):
         out.append(_order_finding(records, where, states, orders, differs, loader, epoch))
+    positions = {int(r["rank"]): r.get("position") for r in records}
+    if len(set(positions.values())) > 1:
+        out.append(_position_finding(where, positions, loader, epoch))
     return out
+
+
+def _position_finding(where: str, positions: dict[int, Any], loader: str, epoch: int) -> Finding:
+    """The ranks resume one epoch at different batches (a loader state restored per rank from
+    different steps): each takes its share of different batches and they run different numbers
+    of steps."""
+    lines = [
+        f"The ranks are about to shard from different positions of the epoch in {where}: "
+        f"batches already yielded when its first batch came back: {_groups(positions)}.",
+        "The loader state each rank restored was saved at a different step: the ranks take "
+        "their shares of different batches (some samples trained twice this epoch, others "
+        "never) and run different numbers of steps (a collective then waits on the others).",
+    ]
+    details = {"loader": loader, "epoch": epoch, "check": "epoch-order", "positions": positions}
+    return _error(
+        fk.SAMPLER_DRAW_DIVERGENCE, lines, sorted(positions), None, POSITION_REMEDY, details
+    )
 
 
 def _dataset_finding(

@@ -122,6 +122,7 @@ class _EpochBase(TypedDict):
     dataset: str  # sharding.describe_dataset: structure and index mapping
     content: str  # sharding.describe_content: what the rows hold (may differ by design)
     sampler_state: dict[str, Any] | None  # a DistributedSampler's seed, epoch, sizes
+    position: int  # batches yielded in the epoch at its first batch (more after a resume)
     order: list[str]  # crc32 of the first batches of the order before sharding
     draws: list[SamplerDraw]
 

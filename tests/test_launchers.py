@@ -288,6 +288,34 @@ def test_accelerate_resume_verdict_matches_the_truth(resume: Run) -> None:
         assert errors(run.report()) == []
 
 
+STATEFUL_RESUME = "tests/frameworks/stateful_resume.py"
+
+
+@pytest.fixture(scope="module", params=["same-step", "rank-1-one-step-later"])
+def stateful_resume(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Run:
+    skew = "0" if request.param == "same-step" else "1"
+    tmp = tmp_path_factory.mktemp(f"stateful_{request.param}")
+    return launch(tmp, [*TORCHRUN, STATEFUL_RESUME, skew], "warn")
+
+
+def test_stateful_loader_resume_position_matches_the_truth(stateful_resume: Run) -> None:
+    run = stateful_resume
+    assert run.returncode == 0 and run.stdout.count("finished") == 2, run.stderr[-3000:]
+    assert_two_ranks(run)
+    steps = [len(json.loads((run.truth_dir / f"rank-{r}.json").read_text())) for r in (0, 1)]
+    found = [f for f in run.report()["findings"] if f["severity"] == "error"]
+    if "later" in run.report_dir.parent.name:
+        assert steps[0] != steps[1]  # measured: the ranks train different batches after it
+        assert [f["kind"] for f in found] == ["sampler-draw-divergence"]
+        assert "different positions of the epoch" in found[0]["message"]
+        assert found[0]["details"]["positions"] == {"0": 4, "1": 5}
+    else:
+        assert steps[0] == steps[1]
+        assert found == []
+
+
 # -- Ray Train ------------------------------------------------------------------------------------
 
 RAY = "tests/frameworks/ray_train.py"
