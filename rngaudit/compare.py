@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
-from rngaudit import config, naming, run_kind
+from rngaudit import config, epoch_rules, naming, partition, run_kind
 from rngaudit import findings as fk
 from rngaudit.callsite import format_site
 from rngaudit.events import DRAW, PRE_ITERATION, SEED
@@ -118,12 +118,15 @@ def signature(record: RankRecord) -> str:
         )
         for e in sorted(record.get("events", []), key=lambda e: int(e.get("seq", 0)))
     ]  # fmt: skip
-    payload = [
+    payload: list[Any] = [
         events,
         record.get("states"),
         record.get("initial_seeds"),
         bool(record.get("from_start")),
     ]
+    datasets = [loader["samples"] for loader in record.get("loaders", []) if "samples" in loader]
+    if datasets:  # the root samples of the loaders' datasets (a per-rank split or shard)
+        payload.append(datasets)
     data = json.dumps(payload, sort_keys=True, default=str).encode("utf-8")
     return hashlib.blake2b(data, digest_size=12).hexdigest()
 
@@ -356,6 +359,60 @@ def compare(
     if mismatch is not None:
         out.append(mismatch)
     out.extend(_state_divergence(reps, audit, mismatch is not None, groups))
+    out.extend(_dataset_overlap(reps, audit, groups, len(records)))
+    return out
+
+
+def _dataset_overlap(
+    records: list[RankRecord], audit: int, groups: _Groups, world: int
+) -> list[Finding]:
+    """An error where the datasets the ranks built for one loader (per-rank splits or shards of
+    one root dataset) overlap beyond padding: the partition is fixed, and wrong, already.
+
+    Identical datasets (one split, then sharded by a sampler) and disjoint ones (each rank its
+    own shard) are correct; only samples held by more than one rank's dataset while the
+    datasets differ are evidence of harm."""
+    per_loader: dict[str, dict[int, dict[str, Any]]] = {}
+    for r in records:
+        for loader in r.get("loaders", []):
+            samples = loader.get("samples")
+            if isinstance(samples, dict):
+                per_loader.setdefault(str(loader.get("loader")), {})[int(r["rank"])] = samples
+    out: list[Finding] = []
+    for name, per_rep in per_loader.items():
+        per_rank = groups.expand(per_rep)
+        if len(per_rank) < world or len({str(s.get("bitmap")) for s in per_rank.values()}) < 2:
+            continue
+        seen = partition.overlap(per_rank)
+        if seen is None or seen["shared"] <= len(per_rank) - 1:
+            continue
+        never = seen["root_size"] - seen["union"]
+        counts = ", ".join(f"rank {r}: {n}" for r, n in sorted(seen["per_rank"].items()))
+        out.append(
+            Finding(
+                kind=fk.DATASET_DIVERGENCE,
+                severity="error",
+                message=(
+                    f"The datasets the ranks built for {name} overlap: {seen['shared']} of "
+                    f"{seen['root_size']} root samples are in more than one rank's dataset and "
+                    f"{never} in none ({counts} samples each). Each rank built its own split or "
+                    "shard from state that differs across ranks (a per-rank seed, an unseeded "
+                    "random_split, shuffle or randperm): samples are trained on by several ranks "
+                    "and others by none (a random_split without a shared generator also leaks "
+                    "held-out samples into training)."
+                ),
+                ranks=sorted(per_rank),
+                remedy=epoch_rules.DATASET_REMEDY,
+                audit=audit,
+                details={
+                    "loader": name,
+                    "check": "datasets",
+                    "shared": seen["shared"],
+                    "never": never,
+                    "root_size": seen["root_size"],
+                },
+            )
+        )
     return out
 
 

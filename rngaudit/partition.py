@@ -49,6 +49,31 @@ def root_mapping(dataset: Any) -> tuple[list[Any], int] | None:
     return maps, size
 
 
+MAX_DATASET_ROOT = 1 << 17  # root samples of a dataset sent in a window's record (16 KiB)
+
+
+def holds_split(dataset: Any) -> bool:
+    """Whether ``dataset`` is a ``Subset``-like split or shard of a root dataset."""
+    mapping = root_mapping(dataset)
+    return mapping is not None and bool(mapping[0])
+
+
+def dataset_samples(dataset: Any) -> dict[str, Any] | None:
+    """The root samples a dataset holds, as a summary :func:`overlap` compares, when it holds
+    a ``Subset``-like level (a per-rank split or shard of a root dataset up to
+    ``MAX_DATASET_ROOT`` samples); None otherwise. Read without ``__getitem__`` or a draw."""
+    mapping = root_mapping(dataset)
+    if mapping is None or not mapping[0] or mapping[1] > MAX_DATASET_ROOT:
+        return None
+    maps, size = mapping
+    try:
+        tape = Tape(maps[1:], size)
+        tape.add(maps[0].tolist())  # the outermost level's entries are indices of the next
+        return tape.summary()
+    except Exception:
+        return None
+
+
 def _is_array(obj: Any) -> bool:
     np = sys.modules.get("numpy")
     torch = sys.modules.get("torch")

@@ -6,7 +6,7 @@ import os
 import socket
 from typing import Any, Literal
 
-from rngaudit import environment, naming, peek, records, run_kind, sharding
+from rngaudit import environment, naming, partition, peek, records, run_kind, sharding
 from rngaudit import events as events_mod
 from rngaudit.recorder import RECORDER, Recorder
 
@@ -78,17 +78,19 @@ def summarize_loaders(rec: Recorder, events: list[records.Event]) -> list[record
             for e in events
             if _sampler_field(e, "loader") == name and e["phase"] == events_mod.PRE_ITERATION
         ]
-        out.append(
-            {
-                "loader": name,
-                "num_workers": peek.integer(peek.attr(loader, "num_workers"), 0),
-                "sampler": " > ".join(type(s).__name__ for s in chain) or None,
-                "generator": _generator_name(rec, generator),
-                "drew_before_iteration": bool(early),
-                "fingerprint": early[0]["fingerprint"] if early else None,
-                "output_digest": _sampler_field(early[0], "output_digest") if early else None,
-            }
-        )
+        entry: records.Loader = {
+            "loader": name,
+            "num_workers": peek.integer(peek.attr(loader, "num_workers"), 0),
+            "sampler": " > ".join(type(s).__name__ for s in chain) or None,
+            "generator": _generator_name(rec, generator),
+            "drew_before_iteration": bool(early),
+            "fingerprint": early[0]["fingerprint"] if early else None,
+            "output_digest": _sampler_field(early[0], "output_digest") if early else None,
+        }
+        samples = partition.dataset_samples(peek.attr(loader, "dataset"))
+        if samples is not None:
+            entry["samples"] = samples
+        out.append(entry)
     return out
 
 

@@ -60,6 +60,7 @@ class Loader(_LoaderBase, total=False):
     """A DataLoader built in an audit window (``record.summarize_loaders``)."""
 
     audit: int  # added when the rank file accumulates audits
+    samples: dict[str, Any]  # partition.dataset_samples: its root samples, when it holds a Subset
 
 
 class EnvironmentDict(TypedDict):

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from rngaudit import config, epoch_check, exchange, session, sharding
+from rngaudit import config, epoch_check, exchange, partition, peek, session, sharding
 from rngaudit.callsite import here
 from rngaudit.errors import ConfigError
 from rngaudit.instrument import torch_ops as instrument_torch
@@ -245,7 +245,11 @@ class WholeRun:
         if exchange.distributed() is None and exchange.launched_world_size() <= 1:
             return True
         if not sharding.loader_is_sharded(loader):
-            return False
+            # a shuffled loader over a split or shard of its own (``Subset(ds, order[rank::
+            # world])``): the partition is in its dataset, compared when the window closes
+            return sharding.is_shuffling(sharding.loader_chain(loader)) and partition.holds_split(
+                peek.attr(loader, "dataset")
+            )
         if sharding.is_shuffling(sharding.loader_chain(loader)):
             return True
         if id(loader) in self._sequential:

@@ -38,6 +38,7 @@ MUST_RAISE = {  # scenario -> first corrupted epoch
     "wrapper_random_split_per_rank": 0,
     "subset_reshuffled_in_place_on_rank0": 1,
     "stream_shard_device_seeds": 0,
+    "spawn_style_shards_per_rank_seed": 0,
     "hf_stream_shuffle_seed_per_rank": 0,
 }
 # Found by the observed partition when the rank has drawn the epoch's last index batch (the
@@ -56,6 +57,7 @@ MUST_STAY_CLEAN = [
     "stream_shard_shared_seed",
     "hf_stream_shuffle_shared_seed",
     "hf_stream_split_by_shards_seed_per_rank",
+    "spawn_style_shards_shared_seed",
 ]
 DATASET = {
     "random_split_per_rank",
@@ -65,15 +67,24 @@ DATASET = {
     "wrapper_random_split_per_rank",
     "subset_reshuffled_in_place_on_rank0",
     "hf_stream_shuffle_seed_per_rank",
+    "spawn_style_shards_per_rank_seed",
 }
 HOWS = ["block", "env"]
 
 
-def _launch(outdir: Path, how: str) -> dict[int, dict[str, Any]]:
+# Checked when the RNGAUDIT window closes (the training loader's first iteration), which in a
+# launch shared by every scenario happened in the first one: under RNGAUDIT these scenarios get
+# a launch of their own, as a training script would be.
+OWN_WINDOW = ["spawn_style_shards_per_rank_seed", "spawn_style_shards_shared_seed"]
+
+
+def _launch(outdir: Path, how: str, only: list[str] | None = None) -> dict[int, dict[str, Any]]:
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
         f"--nproc_per_node={NPROC}", str(SCRIPT), str(outdir), "--how", how,
     ]  # fmt: skip
+    if only:
+        cmd += ["--only", ",".join(only)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RNGAUDIT")}
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore")
     if how == "env":
@@ -96,6 +107,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         outdir = tmp_path_factory.mktemp(f"harm-{how}")
         out[how] = _launch(outdir, how)
         out[how + "_dir"] = outdir
+    own = _launch(tmp_path_factory.mktemp("harm-env-own"), "env", OWN_WINDOW)
+    for rank in range(NPROC):
+        out["env"][rank].update({name: own[rank][name] for name in OWN_WINDOW})
     return out
 
 
@@ -205,6 +219,22 @@ def test_the_observed_overlap_is_the_measured_one(runs: dict[str, Any], how: str
     message = runs[how][0]["ds_subclass_global_shuffle"]["message"]
     assert f"{shared} of 32 samples went to more than one rank, and {never} of them to none" in (
         message
+    )
+
+
+@pytest.mark.parametrize("how", HOWS)
+def test_the_datasets_overlap_is_the_measured_one(runs: dict[str, Any], how: str) -> None:
+    """Per-rank shards drawn from per-rank orders: the window's comparison of the datasets the
+    ranks built counts the overlap and the gap measured without rngaudit."""
+    scenario = "spawn_style_shards_per_rank_seed"
+    plain = [set(runs["none"][r][scenario]["epochs"][0]) for r in range(2)]
+    shared, never = len(plain[0] & plain[1]), 32 - len(plain[0] | plain[1])
+    assert shared > 1
+    res = runs[how][0][scenario]
+    assert res["raised_at"] == "set-up" if how == "block" else res["raised_at"] == "epoch 0"
+    assert (
+        f"{shared} of 32 root samples are in more than one rank's dataset and {never} in none"
+        in res["message"]
     )
 
 

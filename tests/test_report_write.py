@@ -102,4 +102,3 @@ def test_the_report_in_memory_has_the_shape_of_the_files(tmp_path: Path) -> None
         "environment",
     }
     assert merged[0]["loaders"][0]["audit"] == 0 and merged[0]["events"]
-

@@ -495,6 +495,23 @@ def hf_stream_split_by_shards_seed_per_rank(ctx: Ctx) -> Plan:
     return _hf_stream(ctx, ctx.rank, shards=8)
 
 
+def _spawn_style(ctx: Ctx, seed: int) -> Plan:
+    """The DDP tutorial's shape (``mp.spawn`` launchers): each rank takes every world-th entry
+    of an order it draws itself, and shuffles its own shard; no sampler shards anything."""
+    seed_all(seed)
+    order = list(torch.utils.data.RandomSampler(Items(N)))  # the global generator
+    shard = Subset(Items(N), order[ctx.rank :: ctx.world])
+    return Plan(ctx.audited(lambda: DataLoader(shard, batch_size=2, shuffle=True)))
+
+
+def spawn_style_shards_per_rank_seed(ctx: Ctx) -> Plan:
+    return _spawn_style(ctx, 100 + ctx.rank)
+
+
+def spawn_style_shards_shared_seed(ctx: Ctx) -> Plan:
+    return _spawn_style(ctx, 100)
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in [
@@ -521,6 +538,8 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("ds_subclass_seeded_shuffle", ds_subclass_seeded_shuffle, True),
         Scenario("wrapper_random_split_per_rank", wrapper_random_split_per_rank),
         Scenario("subset_reshuffled_in_place_on_rank0", subset_reshuffled_in_place_on_rank0, True),
+        Scenario("spawn_style_shards_per_rank_seed", spawn_style_shards_per_rank_seed),
+        Scenario("spawn_style_shards_shared_seed", spawn_style_shards_shared_seed),
         Scenario("stream_shard_device_seeds", stream_shard_device_seeds),
         Scenario("stream_shard_shared_seed", stream_shard_shared_seed),
         Scenario("hf_stream_shuffle_seed_per_rank", hf_stream_shuffle_seed_per_rank),

@@ -1,0 +1,94 @@
+"""The observed partition: root mapping, tapes, overlap, and the rules that read them."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import numpy as np
+import torch.utils.data as D
+
+from rngaudit import epoch_rules, partition
+
+
+class Wrapper(D.Dataset[int]):
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int) -> int:
+        return int(self.dataset[i])
+
+
+def _summary(root: int, indices: list[int], maps: list[Any] | None = None) -> dict[str, Any]:
+    tape = partition.Tape(maps or [], root)
+    for i in range(0, len(indices), 3):
+        tape.add(indices[i : i + 3])
+    return tape.summary()
+
+
+def test_indices_map_to_the_root_through_subsets_and_wrappers() -> None:
+    root = list(range(10))
+    inner: Any = D.Subset(root, [9, 8, 7, 6, 5])  # type: ignore[arg-type]
+    outer: Any = Wrapper(D.Subset(inner, [4, 0]))
+    mapping = partition.root_mapping(outer)
+    assert mapping is not None and mapping[1] == 10
+    tape = partition.Tape(mapping[0], mapping[1])
+    tape.add([0, 1])
+    summary = tape.summary()
+    bits = np.unpackbits(np.frombuffer(base64.b64decode(summary["bitmap"]), np.uint8))
+    assert sorted(np.flatnonzero(bits[:10]).tolist()) == [5, 9]
+    assert partition.holds_split(outer) and not partition.holds_split(root)
+
+
+def test_unknown_shapes_are_not_observed() -> None:
+    class Lazy:
+        def __init__(self) -> None:
+            self.dataset = list(range(4))
+            self.indices = iter([0, 1])
+
+    assert partition.root_mapping(Lazy()) is None
+    assert partition.root_mapping(object()) is None  # unsized root
+    tape = partition.Tape([], 4)
+    tape.add(["a", "b"])  # not indices of this dataset
+    assert tape.summary() == {"known": False}
+    tape = partition.Tape([], 4)
+    tape.add([7])  # outside the root
+    assert tape.summary() == {"known": False}
+
+
+def test_an_abandoned_tape_compares_nothing() -> None:
+    tape = partition.Tape([], 4)
+    tape.abandon()
+    tape.add([1])
+    assert tape.closed and tape.summary() == {"known": False}
+
+
+def test_overlap_counts_shared_and_missing_samples() -> None:
+    a, b = _summary(8, [0, 1, 2, 3]), _summary(8, [2, 3, 4, 5])
+    seen = partition.overlap({0: a, 1: b})
+    assert seen is not None
+    assert (seen["shared"], seen["union"], seen["per_rank"]) == (2, 6, {0: 4, 1: 4})
+    assert partition.overlap({0: a}) is None
+    assert partition.overlap({0: a, 1: {"known": False}}) is None
+
+
+def test_the_rule_allows_padding_and_sampling_with_replacement() -> None:
+    intact = {0: _summary(9, [0, 2, 4, 6, 8]), 1: _summary(9, [1, 3, 5, 7, 0])}  # padding: 0
+    assert epoch_rules.partition_overlap(intact, "L", "chain", 0) is None
+    corrupted = {0: _summary(8, [0, 1, 2, 3]), 1: _summary(8, [2, 3, 4, 5])}
+    finding = epoch_rules.partition_overlap(corrupted, "L", "chain", 0)
+    assert finding is not None and finding.severity == "error"
+    assert "2 of 8 samples went to more than one rank, and 2 of them to none" in finding.message
+    replacement = {0: _summary(8, [0, 0, 1, 1, 2]), 1: _summary(8, [1, 2, 2, 3, 3])}
+    assert epoch_rules.partition_overlap(replacement, "L", "chain", 0) is None
+
+
+def test_dataset_samples_only_for_splits() -> None:
+    root = list(range(6))
+    split: Any = D.Subset(root, [5, 1])  # type: ignore[arg-type]
+    samples = partition.dataset_samples(split)
+    assert samples is not None and samples["distinct"] == 2 and samples["root_size"] == 6
+    assert partition.dataset_samples(root) is None
