@@ -58,6 +58,7 @@ MUST_STAY_CLEAN = [
     "hf_stream_shuffle_shared_seed",
     "hf_stream_split_by_shards_seed_per_rank",
     "spawn_style_shards_shared_seed",
+    "reseeded_after_block",
 ]
 DATASET = {
     "random_split_per_rank",

@@ -512,6 +512,70 @@ def spawn_style_shards_shared_seed(ctx: Ctx) -> Plan:
     return _spawn_style(ctx, 100)
 
 
+# --------------------------------------------------------------------------- one odd rank
+# For 3-4 ranks (tests/test_odd_rank.py): the last rank alone differs, the others agree.
+
+N_ODD = 36  # a multiple of 2, 3 and 4: no padding, so any duplicate is the harm
+
+
+def _odd_seed(ctx: Ctx, differs: bool) -> int:
+    return 100 + int(differs and ctx.rank == ctx.world - 1)
+
+
+def _odd_subclass(ctx: Ctx, differs: bool) -> Plan:
+    seed_all(_odd_seed(ctx, differs))
+    ds = Items(N_ODD)
+    sampler = GlobalShuffleDistributedSampler(ds, seed=3)
+    return Plan(ctx.audited(lambda: DataLoader(ds, batch_size=2, sampler=sampler)))
+
+
+def odd_subclass_global_shuffle(ctx: Ctx) -> Plan:
+    return _odd_subclass(ctx, True)
+
+
+def odd_subclass_global_shuffle_twin(ctx: Ctx) -> Plan:
+    return _odd_subclass(ctx, False)
+
+
+def _odd_spawn_style(ctx: Ctx, differs: bool) -> Plan:
+    seed_all(_odd_seed(ctx, differs))
+    order = list(torch.utils.data.RandomSampler(Items(N_ODD)))
+    shard = Subset(Items(N_ODD), order[ctx.rank :: ctx.world])
+    return Plan(ctx.audited(lambda: DataLoader(shard, batch_size=2, shuffle=True)))
+
+
+def odd_spawn_style(ctx: Ctx) -> Plan:
+    return _odd_spawn_style(ctx, True)
+
+
+def odd_spawn_style_twin(ctx: Ctx) -> Plan:
+    return _odd_spawn_style(ctx, False)
+
+
+def _odd_ds_seed(ctx: Ctx, differs: bool) -> Plan:
+    seed_all(0)
+    loader, _ = _dist_loader(ctx, Items(N_ODD), seed=_odd_seed(ctx, differs))
+    return Plan(loader)
+
+
+def odd_ds_seed(ctx: Ctx) -> Plan:
+    return _odd_ds_seed(ctx, True)
+
+
+def odd_ds_seed_twin(ctx: Ctx) -> Plan:
+    return _odd_ds_seed(ctx, False)
+
+
+def reseeded_after_block(ctx: Ctx) -> Plan:
+    """Per-rank seeds at set-up, a sampler shuffling from the global generator, and every rank
+    reseeded identically between the block and the first iteration: intact."""
+    acc = ctx.accelerator(stateful=False)
+    seed_all(100 + ctx.rank)
+    loader = DataLoader(Items(N), batch_size=2, sampler=TorchPermSampler(N))
+    prepared = ctx.audited(lambda: acc.prepare(loader))
+    return Plan(prepared, before_epoch=lambda epoch: seed_all(42))
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in [
@@ -540,6 +604,13 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("subset_reshuffled_in_place_on_rank0", subset_reshuffled_in_place_on_rank0, True),
         Scenario("spawn_style_shards_per_rank_seed", spawn_style_shards_per_rank_seed),
         Scenario("spawn_style_shards_shared_seed", spawn_style_shards_shared_seed),
+        Scenario("odd_subclass_global_shuffle", odd_subclass_global_shuffle),
+        Scenario("odd_subclass_global_shuffle_twin", odd_subclass_global_shuffle_twin),
+        Scenario("odd_spawn_style", odd_spawn_style),
+        Scenario("odd_spawn_style_twin", odd_spawn_style_twin),
+        Scenario("odd_ds_seed", odd_ds_seed),
+        Scenario("odd_ds_seed_twin", odd_ds_seed_twin),
+        Scenario("reseeded_after_block", reseeded_after_block),
         Scenario("stream_shard_device_seeds", stream_shard_device_seeds),
         Scenario("stream_shard_shared_seed", stream_shard_shared_seed),
         Scenario("hf_stream_shuffle_seed_per_rank", hf_stream_shuffle_seed_per_rank),
@@ -605,7 +676,10 @@ def main(argv: list[str] | None = None) -> int:
         dist.init_process_group(backend="gloo", timeout=PG_TIMEOUT)
     rank, world = dist.get_rank(), dist.get_world_size()
     args.outdir.mkdir(parents=True, exist_ok=True)
-    names = [n for n in args.only.split(",") if n] or list(SCENARIOS)
+    # the odd-rank scenarios run only when named (tests/test_odd_rank.py, at 3-4 ranks)
+    names = [n for n in args.only.split(",") if n] or [
+        n for n in SCENARIOS if not n.startswith("odd_")
+    ]
     results: dict[str, Any] = {}
     status = 0
     try:

@@ -1,0 +1,104 @@
+"""Three ranks, the last one alone different: every check names it, every rank raises.
+
+The set-ups are in tests/distributed/harm_scenarios.py (``odd_*``): the observed partition (a
+DistributedSampler subclass shuffling from the global generator), the datasets compared when
+the window closes (per-rank shards of per-rank orders), and the first-batch order check (a
+DistributedSampler seed), each with its twin where no rank differs. Three torchrun launches:
+without rngaudit (the truth), with ``rngaudit.audit()`` around the set-up, and under
+``RNGAUDIT=1`` (the window's check first, as a training script's only loader would be).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "tests" / "distributed" / "harm_scenarios.py"
+NPROC = 3
+ODD = NPROC - 1
+CORRUPTED = {  # scenario -> the finding kind
+    "odd_spawn_style": "dataset-divergence",
+    "odd_subclass_global_shuffle": "partition-overlap",
+    "odd_ds_seed": "sampler-draw-divergence",
+}
+TWINS = ["odd_spawn_style_twin", "odd_subclass_global_shuffle_twin", "odd_ds_seed_twin"]
+ORDER = ["odd_spawn_style", *TWINS[:1], *list(CORRUPTED)[1:], *TWINS[1:]]
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _launch(outdir: Path, how: str) -> dict[int, dict[str, Any]]:
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        f"--nproc_per_node={NPROC}", str(SCRIPT), str(outdir), "--how", how,
+        "--only", ",".join(ORDER),
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RNGAUDIT")}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore")
+    if how == "env":
+        env.update(RNGAUDIT="1", RNGAUDIT_REPORT_DIR=str(outdir / "report"))
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
+    assert proc.returncode == 0, f"{how}: torchrun exited {proc.returncode}\n{tail}"
+    return {r: json.loads((outdir / f"result-rank{r}.json").read_text()) for r in range(NPROC)}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return {
+        how: _launch(tmp_path_factory.mktemp(f"odd-{how}"), how) for how in ("none", "block", "env")
+    }
+
+
+def _duplicated(runs: dict[str, Any], scenario: str) -> bool:
+    items = [i for r in range(NPROC) for i in runs["none"][r][scenario]["epochs"][0]]
+    return len(set(items)) != len(items)
+
+
+@pytest.mark.parametrize("scenario", [*CORRUPTED, *TWINS])
+def test_the_scenario_is_what_it_claims(runs: dict[str, Any], scenario: str) -> None:
+    assert _duplicated(runs, scenario) == (scenario in CORRUPTED)
+    if scenario in CORRUPTED:  # the odd rank is the one that differs: the others agree
+        plain = [set(runs["none"][r][scenario]["epochs"][0]) for r in range(NPROC)]
+        assert not plain[0] & plain[1]
+
+
+@pytest.mark.parametrize("how", ["block", "env"])
+@pytest.mark.parametrize("scenario", [*CORRUPTED, *TWINS])
+def test_every_rank_gets_the_verdict_of_the_truth(
+    runs: dict[str, Any], how: str, scenario: str
+) -> None:
+    for rank in range(NPROC):
+        res = runs[how][rank][scenario]
+        assert "crashed" not in res, res.get("crashed")
+        if scenario in CORRUPTED:
+            assert res["raised"], f"rank {rank} did not raise"
+            assert CORRUPTED[scenario] in res["kinds"], res["kinds"]
+            assert res["raised_at"] in ("set-up", "epoch 0"), res["raised_at"]
+        else:
+            assert not res["raised"], f"rank {rank}: {res.get('message')}"
+
+
+@pytest.mark.parametrize("how", ["block", "env"])
+def test_the_order_check_names_the_odd_rank(runs: dict[str, Any], how: str) -> None:
+    message = runs[how][0]["odd_ds_seed"]["message"]
+    assert f"seed differs across ranks (ranks 0, 1: 100; rank {ODD}: 101)" in message
+
+
+@pytest.mark.parametrize("how", ["block", "env"])
+def test_the_counts_are_the_measured_ones(runs: dict[str, Any], how: str) -> None:
+    for scenario, says in (
+        ("odd_spawn_style", "root samples are in more than one rank's dataset and"),
+        ("odd_subclass_global_shuffle", "samples went to more than one rank, and"),
+    ):
+        plain = [set(runs["none"][r][scenario]["epochs"][0]) for r in range(NPROC)]
+        union = set().union(*plain)
+        shared = sum(1 for i in union if sum(i in p for p in plain) > 1)
+        assert f"{shared} of 36 {says} {36 - len(union)}" in runs[how][0][scenario]["message"]
