@@ -3,8 +3,8 @@
 The main process draws every index batch of a map-style loader (``_next_index``, also with
 workers), so what a rank is handed is observed whatever sampler, batch sampler or shard made it.
 Indices are mapped to the root dataset through ``Subset``-like ``indices`` and wrapper
-``dataset`` attributes, counted per root sample, and summarised as a bitmap of the samples
-taken (exact, for datasets up to ``MAX_ROOT`` samples) plus the count of repeats within the rank.
+``dataset`` attributes and summarised as a bitmap of the samples taken (exact, for datasets up
+to ``MAX_ROOT`` samples) and how many were taken (repeats within the rank: taken - distinct).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 from rngaudit import peek
 
 MAX_ROOT = 1 << 21  # root samples compared exactly (a 256 KiB bitmap per rank and epoch)
-_FOLD = 256  # index batches kept before they are folded into the counts
+_FOLD = 256  # index batches kept before they are folded into the bitmap
 _MAX_DEPTH = 8
 
 
@@ -83,7 +83,7 @@ def _is_array(obj: Any) -> bool:
 
 
 class Tape:
-    """One rank's index batches of one epoch of one loader, folded into per-sample counts."""
+    """One rank's index batches of one epoch of one loader, folded into a bitmap of samples."""
 
     def __init__(self, maps: list[Any], root_size: int, context: Any = None) -> None:
         import numpy as np
@@ -91,7 +91,7 @@ class Tape:
         self.maps = maps
         self.root_size = root_size
         self.context = context  # the order check's (watch, shard) for this loader
-        self.counts = np.zeros(root_size, dtype=np.uint16)
+        self.seen = np.zeros(root_size, dtype=bool)  # repeats: taken - distinct
         self.pending: list[Any] = []
         self.taken = 0
         self.known = True
@@ -126,7 +126,7 @@ class Tape:
                 idx = arr[idx]
             if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= self.root_size):
                 raise IndexError("index outside the root dataset")
-            np.add.at(self.counts, idx, 1)
+            self.seen[idx] = True
             self.taken += int(idx.size)
         except Exception:  # not integer indices of this dataset: unknown, never an error
             self.known = False
@@ -139,7 +139,7 @@ class Tape:
         self.closed = True
         if not self.known:
             return {"known": False}
-        seen = self.counts > 0
+        seen = self.seen
         return {
             "known": True,
             "root_size": self.root_size,
