@@ -114,8 +114,13 @@ def build(spec: dict[str, Any]) -> Any:
         kw["sampler"] = D.RandomSampler(dataset, generator=torch.Generator().manual_seed(5))
     elif sampler == "infinite":
         kw["sampler"] = InfiniteSampler()
+    elif sampler == "distributed":  # this process as rank 0 of 2: sharded, so observed
+        from torch.utils.data.distributed import DistributedSampler
+
+        kw["sampler"] = DistributedSampler(dataset, num_replicas=2, rank=0, seed=1)
     if spec.get("batch_sampler") and not _iterable(spec):
-        inner = kw.pop("sampler", None) or D.SequentialSampler(dataset)
+        inner = kw.pop("sampler", None)
+        inner = D.SequentialSampler(dataset) if inner is None else inner
         size = spec.get("batch_size") or 3
         kw["batch_sampler"] = D.BatchSampler(inner, size, bool(spec.get("drop_last")))
     else:
@@ -182,11 +187,13 @@ def run(spec: dict[str, Any], audited: bool = False) -> list[list[Any]]:
     import rngaudit
 
     with tempfile.TemporaryDirectory() as report:
-        with rngaudit.audit(report_dir=report):
-            loader = build(spec)
-        batches = take(loader)
-        del loader
-        rngaudit.wait_for_reports()
+        try:
+            with rngaudit.audit(report_dir=report):
+                loader = build(spec)
+            batches = take(loader)
+            del loader
+        finally:  # the reports are written before their directory goes, also on an error
+            rngaudit.wait_for_reports()
     return batches
 
 

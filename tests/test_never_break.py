@@ -4,7 +4,8 @@ A property test over loader shapes (map-style and iterable datasets, sized, unsi
 infinite samplers, ``batch_sampler``, batch sizes None / 1 / 7, ``drop_last``, a custom
 ``collate_fn``, workers forked or spawned, persistent workers, torchdata's
 ``StatefulDataLoader``, ``Accelerator.prepare()`` with ``dispatch_batches``, ``split_batches``
-and ``even_batches=False``, Hugging Face map-style and iterable datasets). Each example is a
+and ``even_batches=False``, Hugging Face map-style and iterable datasets, a DistributedSampler
+of 2 replicas, so that the observed partition and the order check run). Each example is a
 list of specs run three ways in real processes (``tests/loader_shapes.py``): unaudited, each
 built inside ``with rngaudit.audit()``, and under ``RNGAUDIT=1``; all three must exit 0 and
 print the same batches.
@@ -54,7 +55,7 @@ def specs(draw: st.DrawFn) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "seed": draw(st.integers(0, 2**16)),
         "dataset": draw(st.sampled_from(["map", "iterable", "infinite", "hf_map", "hf_iterable"])),
-        "sampler": draw(st.sampled_from(["none", "random", "seeded", "infinite"])),
+        "sampler": draw(st.sampled_from(["none", "random", "seeded", "infinite", "distributed"])),
         "batch_sampler": draw(st.booleans()),
         "batch_size": draw(st.sampled_from([None, 1, 7])),
         "drop_last": draw(st.booleans()),
@@ -64,7 +65,7 @@ def specs(draw: st.DrawFn) -> dict[str, Any]:
     }
     spec.update(draw(_workers))
     spec.update(draw(_accelerate))
-    if spec["sampler"] == "infinite" and spec["dataset"] in ("map", "hf_map"):
+    if spec["sampler"] != "none" and spec["dataset"] in ("map", "hf_map"):
         spec["shuffle"] = False  # a sampler and shuffle=True are refused by DataLoader itself
     if spec.get("accelerate") and spec["dataset"] == "infinite":
         spec["accelerate"] = {k: v for k, v in spec["accelerate"].items() if k != "even_batches"}
