@@ -113,7 +113,7 @@ def signature(record: RankRecord) -> str:
     events = [
         (
             e.get("generator"), e.get("op"), e.get("kind"), e.get("phase"),
-            e.get("count"), e.get("fingerprint"), e.get("sampler"),
+            e.get("count"), e.get("fingerprint"), e.get("sampler"), e.get("aggregated"),
             *_file_line(e.get("call_site")), *_file_line(e.get("user_call_site")),
         )
         for e in sorted(record.get("events", []), key=lambda e: int(e.get("seq", 0)))
@@ -352,6 +352,7 @@ def compare(
         )
     groups = _Groups(records)
     reps = groups.representatives
+    out.extend(_aggregated(reps, audit, groups))
     if len(reps) < 2:
         return out  # every rank recorded the same: nothing differs
     mismatch = _consumption_mismatch(reps, audit, groups)
@@ -436,7 +437,7 @@ def _sampler_divergence(
         loader_key = (str(sampler.get("chain")), sampler.get("loader"))
         if loader_key in reported:
             continue
-        fps = {rank: e.get("fingerprint") for rank, (e, _) in at_k.items()}
+        fps = {rank: _state_of(e) for rank, (e, _) in at_k.items()}
         outputs = {rank: s.get("output_digest") for rank, (_, s) in at_k.items()}
         if len(set(fps.values())) <= 1 and len(set(outputs.values())) <= 1:
             continue
@@ -444,6 +445,52 @@ def _sampler_divergence(
         fps, outputs = groups.expand(fps), groups.expand(outputs)
         out.append(_sampler_finding(records, audit, first, sampler, fps, outputs, mismatch, groups))
     return out
+
+
+def _state_of(event: Event) -> str | None:
+    """An event's fingerprint; for an aggregate, the digest of every state folded into it."""
+    aggregated = event.get("aggregated")
+    if isinstance(aggregated, dict) and aggregated.get("digest") is not None:
+        return f"{aggregated['digest']} (digest of {event.get('count', 1)} draws)"
+    return event.get("fingerprint")
+
+
+def _aggregated(records: list[RankRecord], audit: int, groups: _Groups) -> list[Finding]:
+    """Say that events of generators beyond the named ones were aggregated (an info)."""
+    per_family: Counter[str] = Counter()
+    ranks: list[int] = []
+    events = 0
+    for r in records:
+        mine = [e for e in _in_audit(r, audit) if naming.is_aggregate(str(e.get("generator")))]
+        if mine:
+            ranks.append(int(r["rank"]))
+        for e in mine:
+            events += 1
+            per_family[naming.family(str(e["generator"]))] += int(e.get("count", 1))
+    if not events:
+        return []
+    families = "; ".join(f"{f}: {n:,} events" for f, n in sorted(per_family.items()))
+    return [
+        Finding(
+            kind=fk.EVENTS_AGGREGATED,
+            severity="info",
+            message=f"More than {naming.NAMED_PER_FAMILY} generators of one family were used "
+            f"in this audit: the events of the further ones ({families}) are aggregated per "
+            f"call site into {events} event(s) named "
+            f"'<family>{naming.BEYOND_MARK}{naming.NAMED_PER_FAMILY}', each with its count, "
+            "the first and last state fingerprint and a digest of every state (compared "
+            "across ranks like a fingerprint).",
+            ranks=groups.ranks(ranks),
+            remedy=None,
+            audit=audit,
+            details={"limit": naming.NAMED_PER_FAMILY, "events": dict(sorted(per_family.items()))},
+        )
+    ]
+
+
+def _in_audit(record: RankRecord, audit: int) -> list[Event]:
+    audit = int(record.get("audit_index", audit))
+    return [e for e in record.get("events", []) if e.get("audit", audit) == audit]
 
 
 def _sampler_finding(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,9 +45,21 @@ class Event:
     phase: str
     sampler: SamplerInfo | None = None
     count: int = 1
+    # Only for generators beyond the named ones (naming.is_aggregate): the last state seen and
+    # a crc32 chained over every state seen, in order, so unequal generators still differ.
+    last_fingerprint: str | None = None
+    digest: int | None = None
+
+    def start_aggregate(self) -> None:
+        self.digest = 0
+        self.fold(self.fingerprint)
+
+    def fold(self, fingerprint: str | None) -> None:
+        self.last_fingerprint = fingerprint
+        self.digest = zlib.crc32(str(fingerprint).encode(), self.digest or 0)
 
     def to_dict(self) -> records.Event:
-        return {
+        out: records.Event = {
             "seq": self.seq,
             "audit": self.audit,
             "generator": self.generator,
@@ -62,6 +75,12 @@ class Event:
             "phase": self.phase,
             "sampler": self.sampler.to_dict() if self.sampler else None,
         }
+        if self.digest is not None:
+            out["aggregated"] = {
+                "last_fingerprint": self.last_fingerprint,
+                "digest": f"{self.digest:08x}",
+            }
+        return out
 
 
 AggKey = tuple[Any, ...]

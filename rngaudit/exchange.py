@@ -107,6 +107,16 @@ def _store() -> Any:
     return cached[1]
 
 
+def agree(key: str, mine: str) -> str | None:
+    """The value every rank of the process group agrees on for ``key``: the first one set
+    (``compare_set`` never waits); None without a usable store."""
+    try:
+        value = _store().compare_set(f"rngaudit/agree/{key}", "", mine)
+    except Exception:  # no store, or one without compare_set: the caller waits for an exchange
+        return None
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
 def encode(record: Mapping[str, Any]) -> bytes:
     return zlib.compress(json.dumps(record, sort_keys=True).encode("utf-8"))
 

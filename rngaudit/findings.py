@@ -24,6 +24,7 @@ AUDIT_MISMATCH = "audit-mismatch"
 MODE_MISMATCH = "mode-mismatch"
 RANK_RAISED = "rank-raised"
 RANK_INTERRUPTED = "rank-interrupted"
+EVENTS_AGGREGATED = "events-aggregated"
 
 KINDS = (
     SAMPLER_DRAW_DIVERGENCE,
@@ -40,6 +41,7 @@ KINDS = (
     MODE_MISMATCH,
     RANK_RAISED,
     RANK_INTERRUPTED,
+    EVENTS_AGGREGATED,
 )
 
 

@@ -42,7 +42,7 @@ class Recorder:
 
     def __init__(self) -> None:
         self.log = EventLog()
-        self.names = naming.GeneratorNames()
+        self.names = naming.GeneratorNames(naming.NAMED_PER_FAMILY)
         self.loaders = naming.GeneratorNames()
         self.patches = PatchSet()
         self.enabled = False
@@ -295,6 +295,8 @@ class Recorder:
         existing = log.get(key)
         if existing is not None:
             existing.count += 1
+            if existing.digest is not None:  # generators beyond the named: fold each state in
+                existing.fold(_safe(fp))
             return None
         event = Event(
             seq=log.next_seq(),
@@ -311,6 +313,8 @@ class Recorder:
             phase=phase,
             sampler=sampler,
         )
+        if naming.is_aggregate(gen_name):
+            event.start_aggregate()
         log.add(key, event)
         return event
 

@@ -27,9 +27,14 @@ class SamplerDict(TypedDict):
     output_digest: str | None
 
 
-class Event(TypedDict):
-    """One aggregated draw, seeding or state operation (``events.Event.to_dict()``)."""
+class AggregateDict(TypedDict):
+    """What an event of the generators beyond the named ones adds (``Event.aggregated``)."""
 
+    last_fingerprint: str | None  # the state before the last draw folded in
+    digest: str  # crc32 chained over every folded state, in order: 8 hex digits
+
+
+class _EventBase(TypedDict):
     seq: int
     audit: int
     generator: str  # named by rngaudit.naming
@@ -44,6 +49,12 @@ class Event(TypedDict):
     pid: int
     phase: str  # events.PRE_ITERATION or ITERATION
     sampler: SamplerDict | None
+
+
+class Event(_EventBase, total=False):
+    """One aggregated draw, seeding or state operation (``events.Event.to_dict()``)."""
+
+    aggregated: AggregateDict  # only on a "<family>#>N" generator's event (naming.is_aggregate)
 
 
 class _LoaderBase(TypedDict):

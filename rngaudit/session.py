@@ -36,6 +36,50 @@ _occurrences: dict[str, int] = {}
 log = logging.getLogger("rngaudit")
 
 
+class _Target:
+    """Where a session's files go: its report directory, or ``run-<id>/`` inside it once
+    another run wrote there too (two jobs given one directory)."""
+
+    def __init__(self, top: Path) -> None:
+        self.top = top
+        self.claimed = False  # this run set the directory's other runs aside and wrote there
+        self.moved: Path | None = None
+
+    def place(self, run_id: str, rank: int) -> Path:
+        """The directory to write into now. At the top level, a file this run writes (its
+        rank file, or ``report.json``, which rank 0 writes) naming another run, after this
+        run set every other run aside, means another run is writing there at the same time:
+        this run moves to ``run-<id>/`` (its whole report: every write holds all its audits),
+        with one warning. Runs the writer's jobs one at a time (no lock needed)."""
+        if self.moved is not None:
+            return self.moved
+        if not self.claimed:
+            return self.top
+        names = [report_files.rank_path(self.top, rank), report_files.merged_path(self.top)]
+        other = next(
+            (
+                found
+                for path in names
+                if (found := report_files.run_id_of(path)) not in (None, run_id)
+            ),
+            None,
+        )
+        if other is None:
+            return self.top
+        self.moved = self.top / f"run-{run_id}"
+        self.moved.mkdir(exist_ok=True)
+        report_files.set_aside(self.moved, run_id)
+        warnings.warn(
+            f"rngaudit: another run (run id {other}) is writing its report into {self.top} "
+            f"at the same time as this one (run id {run_id}); this run's report is written to "
+            f"{self.moved} from now on, complete (give each job its own report_dir= or "
+            "RNGAUDIT_REPORT_DIR)",
+            RNGAuditWarning,
+            stacklevel=2,
+        )
+        return self.moved
+
+
 @dataclass
 class Finished:
     """What :meth:`Session.finish` concluded."""
@@ -62,6 +106,10 @@ class Session:
         self.rank = exchange.launched_rank()
         self.world_size = exchange.launched_world_size()
         self.joined = False  # has exchanged through a process group: rank and world are known
+        # The run id every rank of the group uses (agreed at joining or adopted at an
+        # exchange): until then a process launched as one of several ranks writes nothing.
+        self.agreed = False
+        self.target = _Target(report_dir)
         self.pending: list[tuple[int, str, records.RankRecord]] = []  # deferred: no group yet
         self._set_aside_for: str | None = None  # run id whose predecessors were moved away
         self.audits: list[records.AuditDict] = []
@@ -82,6 +130,8 @@ class Session:
         self.rank = exchange.launched_rank()
         self.world_size = exchange.launched_world_size()
         self.joined = False
+        self.agreed = False
+        self.target = _Target(self.report_dir)
         self.pending = []
         self._set_aside_for = None
         self.audits, self.findings, self.records = [], [], {}
@@ -96,6 +146,10 @@ class Session:
         if where is not None:
             self.rank, self.world_size = where
             self.joined = True
+            if not self.agreed and where[1] > 1:
+                agreed = exchange.agree(f"run-id/{self.report_dir}", self.run_id)
+                if agreed:
+                    self.run_id, self.agreed = agreed, True
         elif not self.joined:
             self.rank = exchange.launched_rank()
             self.world_size = exchange.launched_world_size()
@@ -171,6 +225,7 @@ class Session:
         arrived = sorted(exchanged, key=lambda r: int(r["rank"]))
         if arrived and arrived[0].get("run_id"):
             self.run_id = str(arrived[0]["run_id"])  # adopt the lowest rank's run id
+            self.agreed = True
         # a rank whose block raised stopped drawing early: compare the others among themselves
         comparable = [r for r in arrived if int(r["rank"]) not in result.raised]
         found = compare.protocol(
@@ -380,6 +435,17 @@ class Session:
             )
             self.pending = []
 
+    def settled(self) -> bool:
+        """Whether this process may write its rank file: it is alone (no process group of
+        several ranks, none announced), or it joined the group and knows the run's id. A rank
+        that Lightning starts learns its rank only when the group exists (it has no ``RANK``)."""
+        where = exchange.process_group()
+        if where is None and not self.joined:
+            return exchange.launched_world_size() <= 1
+        if (where[1] if where is not None else self.world_size) <= 1:
+            return True
+        return self.agreed
+
     def write(self, background: bool = False) -> None:
         """Write this rank's file, and on rank 0 the merged report.
 
@@ -390,6 +456,8 @@ class Session:
         """
         with self._lock:
             self.identify()
+            if not self.settled():
+                return  # written once the rank and the run id are known (the next write)
             merged = self.report()
             own = self.records.get(self.rank, {"rank": self.rank, "events": [], "states": {}})
             rank_doc: records.RankFileDict = {
@@ -409,13 +477,16 @@ class Session:
             report_dir, run_id, rank = self.report_dir, self.run_id, self.rank
             set_aside = self._set_aside_for != run_id
             self._set_aside_for = run_id
+            target = self.target
 
             def job() -> None:
                 if set_aside:
                     report_files.set_aside(report_dir, run_id)
-                report_files.write_text(report_files.rank_path(report_dir, rank), rank_text)
+                    target.claimed = True
+                where = target.place(run_id, rank)
+                report_files.write_text(report_files.rank_path(where, rank), rank_text)
                 if merged_text is not None:
-                    report_files.write_text(report_files.merged_path(report_dir), merged_text)
+                    report_files.write_text(report_files.merged_path(where), merged_text)
 
             try:
                 report_dir.mkdir(parents=True, exist_ok=True)  # fails now, not in the background

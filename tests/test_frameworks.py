@@ -61,6 +61,21 @@ def errors(run: Run) -> list[str]:
     return [f["kind"] for f in run.report()["findings"] if f["severity"] == "error"]
 
 
+def assert_one_run(run: Run) -> None:
+    """Every file under the report directory is this run's: no rank wrote one before it knew
+    its rank and the run's id (which a later write would have set aside into previous/ or
+    taken for another run's), and no rank was told that another run writes there."""
+    run_id = run.report()["run_id"]
+    found = {
+        str(p.relative_to(run.report_dir)): json.loads(p.read_text())
+        for p in run.report_dir.rglob("*.json")
+    }
+    assert {name: doc["run_id"] for name, doc in found.items()} == dict.fromkeys(found, run_id)
+    assert all(doc["rank"] == int(name[5:-5]) for name, doc in found.items() if "rank-" in name)
+    assert [p.name for p in run.report_dir.iterdir() if p.is_dir()] == []
+    assert "another run" not in run.stderr, run.stderr[-3000:]
+
+
 def assert_clean(run: Run, finished: int = 2) -> None:
     """Finished on every rank, no error, one file per rank (the launcher wrote none)."""
     assert run.returncode == 0, run.stderr[-3000:]
@@ -69,6 +84,7 @@ def assert_clean(run: Run, finished: int = 2) -> None:
     report = run.report()
     assert report["world_size"] == 2 and errors(run) == []
     assert run.files() == ["rank-0.json", "rank-1.json", "report.json"]
+    assert_one_run(run)
     assert run.truth() == (32, 0, 32)  # intact: every sample once
 
 
@@ -95,6 +111,7 @@ def test_accelerate_launch_ranks_are_audited(accelerate_launch: Run) -> None:
     assert "sampler-draw-divergence" in errors(run)
     assert run.report()["world_size"] == 2
     assert run.files() == ["rank-0.json", "rank-1.json", "report.json"]
+    assert_one_run(run)
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +128,7 @@ def test_mp_spawn_children_are_armed(mp_spawn: Run) -> None:
     assert "sampler-draw-divergence" in errors(run)
     assert run.report()["world_size"] == 2
     assert run.files() == ["rank-0.json", "rank-1.json", "report.json"]
+    assert_one_run(run)
 
 
 # -- Lightning --------------------------------------------------------------------------------
@@ -159,6 +177,9 @@ def test_lightning_rank_seed_truth_is_corrupted(lightning_rank_seed: Run) -> Non
 
 def test_lightning_rank_seed_with_validation_loader_is_an_error(lightning_rank_seed: Run) -> None:
     assert errors(lightning_rank_seed)
+    # rank 1 (started by Lightning without RANK) wrote nothing before the group existed: no
+    # file of its own early run id, as rank-0.json or set aside into previous/
+    assert_one_run(lightning_rank_seed)
 
 
 # -- Hugging Face Trainer ---------------------------------------------------------------------

@@ -76,6 +76,9 @@ def assert_two_ranks(run: Run) -> None:
         filed = run.rank_file(rank)
         assert (filed["rank"], filed["world_size"]) == (rank, 2)
         assert filed["run_id"] == report["run_id"]
+    # no rank took another rank's early file for another run's (nothing set aside, no run-*/)
+    assert [p.name for p in run.report_dir.iterdir() if p.is_dir()] in ([], ["attempt-1"])
+    assert "another run" not in run.stderr, run.stderr[-3000:]
 
 
 # -- notebook_launcher ---------------------------------------------------------------------------

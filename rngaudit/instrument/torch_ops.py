@@ -250,11 +250,14 @@ class TorchInstrumentation:
     # -- which generator ---------------------------------------------------------------------
     def _explicit(self, gen: Any, stack: Stack) -> GenInfo:
         """The name of an explicit generator, fixed at first sight (cached by its C address:
-        a named generator is held by the names, so its address is not reused)."""
+        a named generator is held by the names, so its address is not reused; one beyond the
+        named ones is neither held nor cached)."""
         cdata = gen._cdata
         info = self._gens.get(cdata)
         if info is None:
-            info = self._gens[cdata] = self._name_explicit(gen, cdata, stack)
+            info = self._name_explicit(gen, cdata, stack)
+            if not naming.is_aggregate(info[0]):
+                self._gens[cdata] = info
         return info
 
     def _name_explicit(self, gen: Any, cdata: int, stack: Stack) -> GenInfo:
