@@ -93,7 +93,7 @@ def _launch(outdir: Path, how: str, only: list[str] | None = None) -> dict[int, 
     proc = subprocess.run(
         cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400
     )  # fmt: skip
-    tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
+    tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-160:])
     assert proc.returncode == 0, f"{how}: torchrun exited {proc.returncode}\n{tail}"
     results = {}
     for rank in range(NPROC):
