@@ -93,6 +93,7 @@ class EpochGuard:
         self.loaders: weakref.WeakKeyDictionary[Any, _LoaderState] = weakref.WeakKeyDictionary()
         self.seen: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self.tapes: weakref.WeakSet[partition.Tape] = weakref.WeakSet()  # epochs observed now
+        self._plain: dict[type, type] = {}  # iterator class -> its subclass without our frames
         self._count = 0
 
     # -- what is watched ---------------------------------------------------------------------
@@ -182,6 +183,7 @@ class EpochGuard:
         with self._lock:
             self.installed = False
             self.patches.undo()
+            self._plain.clear()  # built over this installation's wrappers
 
     def _state(self, shard: Any) -> _LoaderState:
         state = self.loaders.get(shard)
@@ -227,7 +229,47 @@ class EpochGuard:
             return batch
         with RECORDER.paused():  # the check's own work is not audited, nor re-entered
             self._first_batch(instance)
+        tape = instance.__dict__.get("_rngaudit_tape")
+        if tape is None or tape.closed:  # nothing to observe until the next epoch begins
+            self._go_plain(instance)
         return batch
+
+    def _go_plain(self, iterator: Any) -> None:
+        """The rest of the epoch runs without any rngaudit frame: the iterator becomes a
+        subclass of its own class whose ``__next__`` / ``_next_index`` are the originals where
+        its class would reach this guard's wrappers (another library's wrapper, or an override
+        of its own, is kept), and whose ``_reset`` (persistent workers: the next epoch) turns it
+        back first. Never raises."""
+        try:
+            cls = type(iterator)
+            if cls.__dict__.get(_PLAIN_MARK, False):
+                return
+            with self._lock:
+                plain = self._plain.get(cls)
+                if plain is None:
+                    plain = self._plain[cls] = self._plain_subclass(cls)
+            if plain is not cls:
+                iterator.__class__ = plain
+        except Exception:
+            log.debug("rngaudit: could not take the order check off an iterator", exc_info=True)
+
+    def _plain_subclass(self, cls: type) -> type:
+        namespace: dict[str, Any] = {
+            "__module__": cls.__module__,
+            "__qualname__": cls.__qualname__,
+            "_reset": _plain_reset,
+            _PLAIN_MARK: True,
+        }
+        ours = {(id(e.owner), e.name): e.original for e in self.patches.entries()}
+        for name in ("__next__", "_next_index"):
+            owner = next((k for k in cls.__mro__ if name in k.__dict__), None)
+            attr = owner.__dict__[name] if owner is not None else None
+            original = ours.get((id(owner), name))
+            if isinstance(attr, wrapt.FunctionWrapper) and attr.__wrapped__ is original:
+                namespace[name] = original  # our wrapper, with nothing over it
+        if len(namespace) == 4:  # nothing of ours on its per-batch path
+            return cls
+        return type(cls.__name__, (cls,), namespace)
 
     def _next_index(
         self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kw: dict[str, Any]
@@ -420,6 +462,17 @@ class EpochGuard:
         except Exception:
             log.warning("rngaudit: could not write the order check's report", exc_info=True)
         return found
+
+
+_PLAIN_MARK = "_rngaudit_plain"
+
+
+def _plain_reset(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """A new epoch of a persistent iterator: back to its own class (checked again), then reset."""
+    cls = type(self)
+    if cls.__dict__.get(_PLAIN_MARK, False):
+        self.__class__ = cls.__base__
+    return self._reset(*args, **kwargs)
 
 
 def expand_groups(exchanged: list[dict[str, Any]]) -> list[records.EpochRecord]:

@@ -1,0 +1,102 @@
+"""The order check's guard: no rngaudit frame on the per-batch path once an epoch is checked."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.utils.data as D
+import wrapt
+from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+import rngaudit
+
+
+class _Items(D.Dataset[int]):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+def test_after_the_first_batch_the_iterator_runs_the_originals(tmp_path: Path) -> None:
+    loader = D.DataLoader(_Items(12), batch_size=2, shuffle=True)
+    with rngaudit.audit(report_dir=tmp_path, mode="report"):
+        torch.manual_seed(0)
+        it = iter(loader)
+        first = next(it)
+        cls = type(it)
+        assert cls.__dict__.get("_rngaudit_plain") is True  # switched after the first batch
+        assert isinstance(cls.__dict__["__next__"], type(lambda: 0))  # the original function
+        assert not isinstance(cls.__dict__["__next__"], wrapt.FunctionWrapper)
+        assert isinstance(_BaseDataLoaderIter.__dict__["__next__"], wrapt.FunctionWrapper)
+        rest = list(it)
+    torch.manual_seed(0)
+    assert [b.tolist() for b in [first, *rest]] == [b.tolist() for b in loader]
+    rngaudit.wait_for_reports()
+
+
+def _rngaudit_frames(body: Any) -> list[str]:
+    """The rngaudit functions that run (Python frames) while ``body()`` runs."""
+    seen: list[str] = []
+    root = str(Path(rngaudit.__file__).parent)
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_filename.startswith(root):
+            seen.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        body()
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+def test_no_rngaudit_frame_runs_per_batch_after_the_first(tmp_path: Path) -> None:
+    loader = D.DataLoader(_Items(40), batch_size=2, shuffle=True)
+    with rngaudit.audit(report_dir=tmp_path, mode="report"):
+        it = iter(loader)
+        next(it)
+        rest = _rngaudit_frames(lambda: [next(it) for _ in range(18)])
+    assert rest == []
+    rngaudit.wait_for_reports()
+
+
+def test_a_persistent_iterator_is_checked_again_at_its_next_epoch(tmp_path: Path) -> None:
+    loader = D.DataLoader(_Items(8), batch_size=2, num_workers=1, persistent_workers=True)
+    with rngaudit.audit(report_dir=tmp_path, mode="report"):
+        epochs = []
+        for _ in range(2):
+            it = iter(loader)
+            assert not type(it).__dict__.get("_rngaudit_plain", False)  # reset: its own class
+            epochs.append([b.tolist() for b in it])
+            assert type(it).__dict__.get("_rngaudit_plain") is True
+    assert epochs == [[[0, 1], [2, 3], [4, 5], [6, 7]]] * 2
+    rngaudit.wait_for_reports()
+
+
+def test_another_librarys_wrapper_is_kept(tmp_path: Path) -> None:
+    calls: list[int] = []
+
+    def count(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        calls.append(1)
+        return wrapped(*args, **kwargs)
+
+    class Counting(D.dataloader._SingleProcessDataLoaderIter):
+        pass
+
+    with rngaudit.audit(report_dir=tmp_path, mode="report"):
+        Counting.__next__ = wrapt.FunctionWrapper(  # type: ignore[method-assign]
+            _BaseDataLoaderIter.__dict__["__next__"], count
+        )
+        it = Counting(D.DataLoader(_Items(6), batch_size=2))
+        assert len(list(it)) == 3
+        assert calls == [1, 1, 1, 1]  # three batches and the StopIteration: never bypassed
+    rngaudit.wait_for_reports()
