@@ -135,7 +135,8 @@ def test_rngaudit_env_forkserver(tmp_path: Path) -> None:
 
 
 def test_worker_observation_is_undone_and_bounded() -> None:
-    """In a worker, the observation ends with the first fetch: nothing is left patched."""
+    """In a worker, the observation ends with the first fetch: nothing is left patched; the
+    parent registered the torch kernels that the forked worker uses."""
     code = (
         "import sys; sys.path.insert(0, 'tests'); import json, random, torch, numpy as np\n"
         "from torch.utils.data import DataLoader\n"
@@ -153,11 +154,14 @@ def test_worker_observation_is_undone_and_bounded() -> None:
         "m = WorkerMonitor(found.append, mode='report'); m.install()\n"
         "rows = torch.cat(list(DataLoader(Probe(), batch_size=1, num_workers=1,"
         " multiprocessing_context='fork'))).tolist()\n"
-        "m.uninstall(); print(json.dumps(rows))\n"
+        "from rngaudit.instrument import torch_ops\n"
+        "m.uninstall(); print(json.dumps([rows, torch_ops._keyed_state]))\n"
     )
     proc = run_python(["-c", code])
     assert proc.returncode == 0, proc.stderr[-2000:]
-    rows = json.loads(proc.stdout.strip().splitlines()[-1])
+    rows, parent_kernels = json.loads(proc.stdout.strip().splitlines()[-1])
+    # the torch kernels were registered in the parent, once, for the forked workers to inherit
+    assert parent_kernels == "ready"
     # the first batch is observed (patched, profiled); every later one runs unpatched
     assert rows[0] == [1.0, 1.0, 0.0]
     assert all(row == [0.0, 0.0, 1.0] for row in rows[1:])
