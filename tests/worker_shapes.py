@@ -319,3 +319,31 @@ def main(methods: list[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+
+
+class Reseeded(Dataset[torch.Tensor]):
+    """Held numpy generators drawn once per sample: one reseeded per index (correct), one
+    reseeded to a constant per sample (correct: every sample gets the same draw, with or
+    without workers) and one never reseeded (a stream every worker copies)."""
+
+    def __init__(self, n: int = 4) -> None:
+        self.n = n
+        self.per_index = np.random.RandomState(4)
+        self.constant = np.random.RandomState(5)
+        self.shared = np.random.RandomState(6)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        self.per_index.seed(100 + index)
+        self.constant.seed(0)
+        values = [
+            float(self.per_index.random_sample()),
+            float(self.constant.random_sample()),
+            float(self.shared.random_sample()),
+        ]
+        return torch.tensor([float(_worker()), float(index), *values], dtype=torch.float64)
+
+
+RESEEDED = ("per_index", "constant", "shared")

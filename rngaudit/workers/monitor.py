@@ -163,15 +163,21 @@ def _duplicate_message(dup: evidence.Duplicate) -> str:
     ids = dup.worker_ids
     groups_text = "; ".join(f"workers {_format_ids(g)}" for g in dup.groups)
     what = dup.holder or "a generator"
+    once = (
+        "; a generator reset to a constant before every sample looks the same until its second "
+        "draw: unconfirmed"
+    )
     if dup.evidence == evidence.DRAWS:
         where = " and ".join(dup.call_sites)
         reached = f" (reached from {', '.join(dup.user_sites)})" if dup.user_sites else ""
         seen = f"drew from the same state at {where}{reached} in {groups_text}"
-    elif dup.confirmed:
+        if not dup.confirmed:
+            seen += f" (fewer than two of them drew there twice in their first batch{once})"
+    elif dup.advanced:
         made = f", created at {dup.created_at}," if dup.created_at else ""
         seen = (
-            f"{made} advanced from the same state to the same state during the first batch "
-            f"in {groups_text}"
+            f"{made} advanced from the same state to the same state over the first batch "
+            f"in {groups_text} (its draws themselves were not seen{once})"
         )
     else:
         seen = (
