@@ -46,7 +46,10 @@ def epoch(workers: int) -> dict[str, float]:
     t1 = time.perf_counter()
     rest = sum(1 for _ in it)
     later = (time.perf_counter() - t1) / max(rest, 1)
-    return {"first": first, "later": later}
+    t2 = time.perf_counter()
+    del it  # joins the workers: what a worker does at its exit is timed here, not later
+    shutdown = time.perf_counter() - t2
+    return {"first": first, "later": later, "shutdown": shutdown}
 
 
 def main() -> None:
@@ -56,6 +59,10 @@ def main() -> None:
     args = parser.parse_args()
     plain: list[dict[str, float]] = []
     audited: list[dict[str, float]] = []
+    # A training script seeds numpy in the parent: otherwise each forked worker imports
+    # numpy.random itself (PyTorch seeds it there), and on this machine that import takes
+    # ~300 ms in a forked child, a cost of the loader, not of the audit, that swamps both.
+    np.random.seed(0)
     epoch(args.workers)  # warm-up
     for _ in range(args.pairs):
         plain.append(epoch(args.workers))
@@ -75,6 +82,13 @@ def main() -> None:
         "batches": N // BATCH,
         "first_plain": med(plain, "first"),
         "first_audited": med(audited, "first"),
+        # each pair's audited minus plain first batch: steadier than the medians' difference
+        # on a loaded machine
+        "first_added": benchlib.median(
+            [a["first"] - p["first"] for a, p in zip(audited, plain, strict=True)]
+        ),
+        "shutdown_plain": med(plain, "shutdown"),
+        "shutdown_audited": med(audited, "shutdown"),
         "later_plain": med(plain, "later"),
         "later_audited": med(audited, "later"),
     }

@@ -449,10 +449,14 @@ def _start_method(loader: Any) -> str | None:
     return method if isinstance(method, str) else None
 
 
-def _register_kernels_here() -> None:
-    """Register the torch kernels of the worker's instrumentation in this process, once: a
-    forked worker then inherits them, where registering its own would rewrite the dispatch
-    tables it shares copy-on-write with the parent (about 45 ms per worker, measured)."""
+def _ready_for_forked_workers() -> None:
+    """What each worker's observation needs, done once in this process so that forked workers
+    inherit it: the modules imported (25 ms per worker when each imported them, measured) and
+    the torch kernels registered (45 ms per worker when each registered its own, rewriting the
+    dispatch tables it shares copy-on-write with the parent). Idempotent."""
+    import rngaudit.fingerprint
+    import rngaudit.instrument
+    import rngaudit.workers.draws  # noqa: F401
     from rngaudit.instrument import torch_ops
 
     torch_ops.keyed_kernels()
@@ -579,7 +583,7 @@ class WorkerMonitor:
                 return None
             dataset = loader.dataset
             if _start_method(loader) == "fork":
-                _register_kernels_here()
+                _ready_for_forked_workers()
             roots = [("collate_fn", getattr(loader, "collate_fn", None))]
             static = find_generators(dataset, more_roots=roots)
             check = _IteratorCheck(
