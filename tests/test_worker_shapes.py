@@ -16,6 +16,7 @@ pickled, so those loaders hold a plain function there instead.
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -136,10 +137,12 @@ def test_rngaudit_env_cells(tmp_path: Path) -> None:
     """RNGAUDIT=warn: every cell in one audited process, compared with one plain process."""
     script = ["-c", f"import sys; sys.path.insert(0, 'tests'); import worker_shapes as ws; "
               f"ws.main({ENV_CELLS!r})"]  # fmt: skip
-    plain_proc = run_python(script)
-    assert plain_proc.returncode == 0, plain_proc.stderr[-3000:]
     env = {"RNGAUDIT": "warn", "RNGAUDIT_REPORT_DIR": str(tmp_path), "PYTHONWARNINGS": "default"}
-    audited_proc = run_python(script, env=env)
+    with ThreadPoolExecutor(2) as pool:  # the two processes at once: half the wall time
+        plain_run = pool.submit(run_python, script)
+        audited_run = pool.submit(run_python, script, env)
+        plain_proc, audited_proc = plain_run.result(), audited_run.result()
+    assert plain_proc.returncode == 0, plain_proc.stderr[-3000:]
     assert audited_proc.returncode == 0, audited_proc.stderr[-3000:]
     plain_out = json.loads(plain_proc.stdout.strip().splitlines()[-1])
     audited_out = json.loads(audited_proc.stdout.strip().splitlines()[-1])
