@@ -303,6 +303,29 @@ def _state(path: str | None, before: str | None, after: str, created: Any = None
             "after": after}  # fmt: skip
 
 
+def test_analyse_one_holder_at_two_sites() -> None:
+    """A holder drawn at two call sites: a confirmed site's evidence wins over an unconfirmed
+    one's, whichever comes first; sites of the same standing are merged."""
+    other = {"file": "/src/aug.py", "line": 9, "function": "crop"}
+
+    def report(worker: int, once_first: bool) -> Any:
+        r = _draws(worker, a=["s", "s1"])
+        single = {**r["draws"][0], "site": other, "fingerprints": ["t"], "count": 1}
+        r["draws"] = [single, r["draws"][0]] if once_first else [r["draws"][0], single]
+        return r
+
+    for once_first in (True, False):
+        draws = {w: report(w, once_first) for w in range(2)}
+        (finding,) = analyse([], {}, 2, persistent=False, draws=draws, waited_in_vain=[])
+        assert finding.severity == "error" and finding.details["path"] == "dataset.a"
+        assert finding.details["call_sites"] == ["aug.py:7 in jitter"]
+    both = {w: _draws(w, a=["s", "s1"]) for w in range(2)}
+    for w in both:
+        both[w]["draws"].append({**both[w]["draws"][0], "site": other, "fingerprints": ["u", "v"]})
+    (merged,) = analyse([], {}, 2, persistent=False, draws=both, waited_in_vain=[])
+    assert merged.details["call_sites"] == ["aug.py:7 in jitter", "aug.py:9 in crop"]
+
+
 def test_analyse_state_evidence() -> None:
     """numpy generators: the same state advancing identically in two workers over the first
     batch, their draws not seen: one transition each, so unconfirmed (a generator reset to a
