@@ -56,6 +56,10 @@ def main() -> None:
     args = parser.parse_args()
     plain: list[dict[str, float]] = []
     audited: list[dict[str, float]] = []
+    # A training script seeds numpy in the parent: otherwise each forked worker imports
+    # numpy.random itself (PyTorch seeds it there), and on this machine that import takes
+    # ~300 ms in a forked child, a cost of the loader, not of the audit, that swamps both.
+    np.random.seed(0)
     epoch(args.workers)  # warm-up
     for _ in range(args.pairs):
         plain.append(epoch(args.workers))
@@ -75,6 +79,11 @@ def main() -> None:
         "batches": N // BATCH,
         "first_plain": med(plain, "first"),
         "first_audited": med(audited, "first"),
+        # each pair's audited minus plain first batch: steadier than the medians' difference
+        # on a loaded machine
+        "first_added": benchlib.median(
+            [a["first"] - p["first"] for a, p in zip(audited, plain, strict=True)]
+        ),
         "later_plain": med(plain, "later"),
         "later_audited": med(audited, "later"),
     }

@@ -270,6 +270,18 @@ def test_analyse_groups_diversity_and_confirmation() -> None:
     # draws would repeat without workers too, so it is not a duplicated worker stream.
     reset = {w: _draws(w, a=["r", "r"]) for w in range(2)}
     assert analyse([], {}, 2, persistent=False, draws=reset, waited_in_vain=[]) == []
+    # One draw per worker at the site (batch_size=1) cannot tell that reset from a shared
+    # stream: unconfirmed, a warning; once two workers drew there twice, confirmed.
+    once = {w: _draws(w, a=["x"]) for w in range(3)}
+    (single,) = analyse([], {}, 3, persistent=False, draws=once, waited_in_vain=[])
+    assert single.severity == "warning" and single.details["confirmed"] is False
+    assert single.details["worker_ids"] == [0, 1, 2] and "unconfirmed" in single.message
+    once[1] = _draws(1, a=["x", "x1"])
+    (still,) = analyse([], {}, 3, persistent=False, draws=once, waited_in_vain=[])
+    assert still.severity == "warning"  # one worker's stream is not two
+    once[2] = _draws(2, a=["x", "x1"])
+    (both,) = analyse([], {}, 3, persistent=False, draws=once, waited_in_vain=[])
+    assert both.severity == "error" and both.details["worker_ids"] == [0, 1, 2]
 
     # Workers did not report their draws in time: unconfirmed, severity warning.
     (unconfirmed,) = analyse(static[:1], {0: _report(0, a="x")}, 4, persistent=False)
@@ -291,11 +303,37 @@ def _state(path: str | None, before: str | None, after: str, created: Any = None
             "after": after}  # fmt: skip
 
 
+def test_analyse_one_holder_at_two_sites() -> None:
+    """A holder drawn at two call sites: a confirmed site's evidence wins over an unconfirmed
+    one's, whichever comes first; sites of the same standing are merged."""
+    other = {"file": "/src/aug.py", "line": 9, "function": "crop"}
+
+    def report(worker: int, once_first: bool) -> Any:
+        r = _draws(worker, a=["s", "s1"])
+        single = {**r["draws"][0], "site": other, "fingerprints": ["t"], "count": 1}
+        r["draws"] = [single, r["draws"][0]] if once_first else [r["draws"][0], single]
+        return r
+
+    for once_first in (True, False):
+        draws = {w: report(w, once_first) for w in range(2)}
+        (finding,) = analyse([], {}, 2, persistent=False, draws=draws, waited_in_vain=[])
+        assert finding.severity == "error" and finding.details["path"] == "dataset.a"
+        assert finding.details["call_sites"] == ["aug.py:7 in jitter"]
+    both = {w: _draws(w, a=["s", "s1"]) for w in range(2)}
+    for w in both:
+        both[w]["draws"].append({**both[w]["draws"][0], "site": other, "fingerprints": ["u", "v"]})
+    (merged,) = analyse([], {}, 2, persistent=False, draws=both, waited_in_vain=[])
+    assert merged.details["call_sites"] == ["aug.py:7 in jitter", "aug.py:9 in crop"]
+
+
 def test_analyse_state_evidence() -> None:
-    """numpy generators: the same state advancing identically in two workers."""
+    """numpy generators: the same state advancing identically in two workers over the first
+    batch, their draws not seen: one transition each, so unconfirmed (a generator reset to a
+    constant before every sample advances the same way)."""
     advanced = {w: _draws(w, [_state("dataset.rng", "s0", "s1")]) for w in range(3)}
     (finding,) = analyse([], {}, 3, False, draws=advanced, waited_in_vain=[])
-    assert finding.severity == "error" and finding.details["evidence"] == "state"
+    assert finding.severity == "warning" and finding.details["evidence"] == "state"
+    assert finding.details["confirmed"] is False and "unconfirmed" in finding.message
     assert finding.details["worker_ids"] == [0, 1, 2] and "1/3" in finding.message
     unused = {w: _draws(w, [_state("dataset.rng", "s0", "s0")]) for w in range(3)}
     assert analyse([], {}, 3, False, draws=unused, waited_in_vain=[]) == []  # never drawn
@@ -305,6 +343,7 @@ def test_analyse_state_evidence() -> None:
     made = {w: _draws(w, [_state(None, "c", "c1", SITE)]) for w in range(2)}
     (created,) = analyse([], {}, 2, False, draws=made, waited_in_vain=[])
     assert created.details["path"] == "created at aug.py:7 in jitter"
+    assert created.severity == "warning"
     # per sample: created twice in each worker from one seed: not a worker duplicate
     twice = {w: _draws(w, [_state(None, "c", "c1", SITE)] * 2) for w in range(2)}
     assert analyse([], {}, 2, False, draws=twice, waited_in_vain=[]) == []
@@ -381,7 +420,7 @@ def test_owned_generator_is_a_confirmed_duplicate(monitored: Any, kind: str) -> 
 
 def test_nested_transform_list_and_dict(monitored: Any) -> None:
     m = monitored()
-    consume(loader(wd.NestedDataset(), num_workers=3, batch_size=1))
+    consume(loader(wd.NestedDataset(), num_workers=3, batch_size=2))
     found = m.by_path()
     assert set(found) == {"dataset.transform.rng", "dataset.augs[0].rng", "dataset.table['noise']"}
     assert all(f.details["worker_ids"] == [0, 1, 2] for f in found.values())
@@ -519,7 +558,7 @@ def test_confirmed_replaces_unconfirmed_once(monitored: Any) -> None:
         2,
         False,
         "D",
-        draws={0: _draws(0, rng=["x"]), 1: _draws(1, rng=["x"])},
+        draws={0: _draws(0, rng=["x", "y"]), 1: _draws(1, rng=["x", "y"])},
         waited_in_vain=[],
     )
     m.monitor._publish(confirmed)

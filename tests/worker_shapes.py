@@ -1,7 +1,8 @@
 """Real augmentation shapes that duplicate (or do not) a worker's random stream, one column each.
 
-Importable by spawned workers; ``main(methods)`` iterates the loaders with no rngaudit code
-and prints every batch as JSON (the ``RNGAUDIT`` test runs it with and without the variable).
+Importable by spawned workers; ``main(cells)`` iterates the loaders of each cell (a start
+method, ``-iterable``, ``-persistent``) with no rngaudit code and prints every batch as JSON
+(the ``RNGAUDIT`` test runs it with and without the variable).
 """
 
 from __future__ import annotations
@@ -170,6 +171,23 @@ class BadShapes(Dataset[torch.Tensor]):
         return torch.tensor([float(_worker()), float(index), *values], dtype=torch.float64)
 
 
+class SpawnBad(BadShapes):
+    """The bad shapes under spawn: a class of their own, so are their findings."""
+
+
+class ForkserverBad(BadShapes):
+    """The bad shapes under forkserver: a class of their own, so are their findings."""
+
+
+BAD_CLASSES = {"fork": BadShapes, "spawn": SpawnBad, "forkserver": ForkserverBad}
+
+
+def label(method: str, iterable: bool = False) -> str:
+    """The bad loader's dataset class, as the findings name it (``details["dataset"]``)."""
+    cls = Streamed if iterable else BAD_CLASSES[method]
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 def _shapes(dataset: Any) -> Any:
     return getattr(dataset, "shapes", dataset)  # the shapes behind a Streamed wrapper
 
@@ -274,7 +292,7 @@ def loaders(method: str, *, iterable: bool = False, persistent: bool = False) ->
         "multiprocessing_context": method,
         "persistent_workers": persistent,
     }
-    bad: Any = BadShapes(fork=method == "fork")
+    bad: Any = BAD_CLASSES[method](fork=method == "fork")
     good: Any = GoodShapes()
     if iterable:
         bad, good = Streamed(bad), Streamed(good)
@@ -308,14 +326,54 @@ def run(method: str, epochs: int = 1, **kwargs: Any) -> dict[str, list[torch.Ten
     }
 
 
-def main(methods: list[str]) -> None:
+def cell(name: str) -> dict[str, Any]:
+    """A cell's loader options: ``spawn-persistent`` is spawn, persistent workers, 2 epochs."""
+    method, *flags = name.split("-")
+    persistent = "persistent" in flags
+    return {
+        "method": method,
+        "iterable": "iterable" in flags,
+        "persistent": persistent,
+        "epochs": 2 if persistent else 1,
+    }
+
+
+def main(cells: list[str]) -> None:
     out = {}
-    for method in methods:
+    for name in cells:
         torch.manual_seed(0)  # the workers' base seed: equal in both runs
-        batches = run(method)
-        out[method] = {which: [b.tolist() for b in bs] for which, bs in batches.items()}
+        batches = run(**cell(name))
+        out[name] = {which: [b.tolist() for b in bs] for which, bs in batches.items()}
     print(json.dumps(out))
 
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+
+
+class Reseeded(Dataset[torch.Tensor]):
+    """Held numpy generators drawn once per sample: one reseeded per index (correct), one
+    reseeded to a constant per sample (correct: every sample gets the same draw, with or
+    without workers) and one never reseeded (a stream every worker copies)."""
+
+    def __init__(self, n: int = 4) -> None:
+        self.n = n
+        self.per_index = np.random.RandomState(4)
+        self.constant = np.random.RandomState(5)
+        self.shared = np.random.RandomState(6)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        self.per_index.seed(100 + index)
+        self.constant.seed(0)
+        values = [
+            float(self.per_index.random_sample()),
+            float(self.constant.random_sample()),
+            float(self.shared.random_sample()),
+        ]
+        return torch.tensor([float(_worker()), float(index), *values], dtype=torch.float64)
+
+
+RESEEDED = ("per_index", "constant", "shared")

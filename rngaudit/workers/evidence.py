@@ -29,6 +29,7 @@ class Duplicate:
     user_sites: list[str] = field(default_factory=list)
     created_at: str | None = None
     confirmed: bool = True
+    advanced: bool = True  # state evidence: it drew (False: it only appeared, in one state)
 
     @property
     def worker_ids(self) -> list[int]:
@@ -79,7 +80,11 @@ def from_draws(reports: Mapping[int, Mapping[str, Any]]) -> list[Duplicate]:
 
     Per (call site, op, holder), each worker's fingerprints before its draws there. A
     worker whose own fingerprints repeat at that site (a generator reset or rebuilt the same
-    for every sample) is left out: its draws would repeat without workers too.
+    for every sample) is left out: its draws would repeat without workers too. A worker that
+    drew there only once is no evidence either way (a generator reset to a constant before
+    every draw looks the same as a shared one after one draw): the workers that share a
+    stream are a confirmed duplicate when at least two of them drew there twice or more,
+    from distinct states; else an unconfirmed one.
     """
     table: dict[tuple[str, str, str], dict[int, list[str]]] = {}
     meta: dict[tuple[str, str, str], tuple[str, str | None, set[str]]] = {}
@@ -103,6 +108,8 @@ def from_draws(reports: Mapping[int, Mapping[str, Any]]) -> list[Duplicate]:
         groups = _components(members)
         if not groups:
             continue
+        streams = {w for w, fps in members.items() if len(fps) >= 2}  # a stream, not a reset
+        confirmed = [g for g in groups if len(streams.intersection(g)) >= 2]
         site, _, _ = key
         kind, holder, users = meta[key]
         found.append(
@@ -110,12 +117,13 @@ def from_draws(reports: Mapping[int, Mapping[str, Any]]) -> list[Duplicate]:
                 key=holder or site,
                 type=kind,
                 evidence=DRAWS,
-                groups=groups,
+                groups=confirmed or groups,
                 reporting=sorted(members),
-                distinct=_distinct(members, groups),
+                distinct=_distinct(members, confirmed or groups),
                 holder=holder,
                 call_sites=[site],
                 user_sites=sorted(u for u in users if u != site),
+                confirmed=bool(confirmed),
             )
         )
     return _merge(found)
@@ -123,8 +131,10 @@ def from_draws(reports: Mapping[int, Mapping[str, Any]]) -> list[Duplicate]:
 
 def from_states(reports: Mapping[int, Mapping[str, Any]]) -> list[Duplicate]:
     """Generators that advanced from the same state to the same state in two or more workers
-    during the first batch (numpy's generators, whose methods cannot be intercepted, are seen
-    this way), and, unconfirmed, generators that appeared during it in the same state."""
+    over the first batch (numpy's generators whose draws no user-code call or return
+    separated are seen this way), and generators that appeared during it in the same state:
+    unconfirmed, both. One transition per worker cannot tell a stream the workers share from
+    a generator reset to a constant before every sample."""
     pairs: dict[tuple[str, str], dict[int, list[str]]] = {}
     fresh: dict[tuple[str, str], dict[int, list[str]]] = {}
     meta: dict[tuple[str, str], tuple[str | None, str | None]] = {}
@@ -146,7 +156,7 @@ def from_states(reports: Mapping[int, Mapping[str, Any]]) -> list[Duplicate]:
             elif path is not None:
                 fresh.setdefault(key, {}).setdefault(worker, []).append(after)
     found: list[Duplicate] = []
-    for table, confirmed in ((pairs, True), (fresh, False)):
+    for table, advanced in ((pairs, True), (fresh, False)):
         for key, per_worker in table.items():
             members = {w: set(v) for w, v in per_worker.items() if len(set(v)) == len(v)}
             groups = _components(members)
@@ -163,19 +173,23 @@ def from_states(reports: Mapping[int, Mapping[str, Any]]) -> list[Duplicate]:
                     distinct=_distinct(members, groups),
                     holder=path,
                     created_at=created,
-                    confirmed=confirmed,
+                    confirmed=False,
+                    advanced=advanced,
                 )
             )
     return found
 
 
 def _merge(found: list[Duplicate]) -> list[Duplicate]:
-    """One duplicate per key: the call sites of a holder drawn at several sites together."""
+    """One duplicate per key: the call sites of a holder drawn at several sites together (a
+    confirmed site's evidence replaces the unconfirmed sites')."""
     merged: dict[str, Duplicate] = {}
     for dup in found:
         known = merged.get(dup.key)
-        if known is None:
+        if known is None or (dup.confirmed and not known.confirmed):
             merged[dup.key] = dup
+            continue
+        if known.confirmed and not dup.confirmed:
             continue
         known.call_sites = sorted(set(known.call_sites) | set(dup.call_sites))
         known.user_sites = sorted(set(known.user_sites) | set(dup.user_sites))
@@ -190,8 +204,8 @@ def duplicates(reports: Mapping[int, Mapping[str, Any]]) -> list[Duplicate]:
     by_draws = from_draws(reports)
     named = {d.key for d in by_draws}
     by_state = [d for d in from_states(reports) if d.key not in named]
-    confirmed_keys = {d.key for d in by_state if d.confirmed}
-    by_state = [d for d in by_state if d.confirmed or d.key not in confirmed_keys]
+    drew = {d.key for d in by_state if d.advanced}
+    by_state = [d for d in by_state if d.advanced or d.key not in drew]
     return [*by_draws, *by_state]
 
 
