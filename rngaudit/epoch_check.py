@@ -70,14 +70,21 @@ class _Tee:
         return len(self.__dict__["_rngaudit_inner"])
 
     def __iter__(self) -> Iterator[Any]:
-        tape: sharding.OrderTape = self.__dict__["_rngaudit_tape"]
-        it = iter(self.__dict__["_rngaudit_inner"])
-        for batch in it:
-            tape.add(batch)
-            yield batch
-            if len(tape.batches) >= sharding.PREFIX_BATCHES:
-                break
-        yield from it
+        return _tee_prefix(self.__dict__["_rngaudit_inner"], self.__dict__["_rngaudit_tape"], None)
+
+
+def _tee_prefix(
+    inner: Any, tape: sharding.OrderTape, digest: Callable[[Any], int] | None
+) -> Iterator[Any]:
+    """Iterate ``inner``, adding each item (or its ``digest``) to ``tape`` until the tape holds
+    ``PREFIX_BATCHES`` entries; the rest passes through untouched."""
+    it = iter(inner)
+    for item in it:
+        tape.add(item if digest is None else [digest(item)])
+        yield item
+        if len(tape.batches) >= sharding.PREFIX_BATCHES:
+            break
+    yield from it
 
 
 class EpochGuard:
@@ -526,13 +533,7 @@ class _StreamTee:
         self.inner, self.tape = inner, tape
 
     def __iter__(self) -> Iterator[Any]:
-        it = iter(self.inner)
-        for element in it:
-            self.tape.add([sharding.digest_element(element)])
-            yield element
-            if len(self.tape.batches) >= sharding.PREFIX_BATCHES:
-                break
-        yield from it
+        return _tee_prefix(self.inner, self.tape, sharding.digest_element)
 
 
 def _teed_stream(shard: Any, gen: Iterator[Any], tape: sharding.OrderTape) -> Iterator[Any]:
