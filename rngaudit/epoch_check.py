@@ -100,7 +100,8 @@ class EpochGuard:
         self.loaders: weakref.WeakKeyDictionary[Any, _LoaderState] = weakref.WeakKeyDictionary()
         self.seen: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self.tapes: weakref.WeakSet[partition.Tape] = weakref.WeakSet()  # epochs observed now
-        self._plain: dict[type, type] = {}  # iterator class -> its subclass without our frames
+        # (iterator class, observing) -> its subclass without our wrappers
+        self._plain: dict[tuple[type, bool], type] = {}
         self._count = 0
 
     # -- what is watched ---------------------------------------------------------------------
@@ -237,11 +238,11 @@ class EpochGuard:
         with RECORDER.paused():  # the check's own work is not audited, nor re-entered
             self._first_batch(instance)
         tape = instance.__dict__.get("_rngaudit_tape")
-        if tape is None or tape.closed:  # nothing to observe until the next epoch begins
-            self._go_plain(instance)
+        # nothing to observe until the next epoch begins, or only the index batches
+        self._go_plain(instance, observing=tape is not None and not tape.closed)
         return batch
 
-    def _go_plain(self, iterator: Any) -> None:
+    def _go_plain(self, iterator: Any, observing: bool = False) -> None:
         """The rest of the epoch runs without any rngaudit frame: the iterator becomes a
         subclass of its own class whose ``__next__`` / ``_next_index`` are the originals where
         its class would reach this guard's wrappers (another library's wrapper, or an override
@@ -252,15 +253,18 @@ class EpochGuard:
             if cls.__dict__.get(_PLAIN_MARK, False):
                 return
             with self._lock:
-                plain = self._plain.get(cls)
+                plain = self._plain.get((cls, observing))
                 if plain is None:
-                    plain = self._plain[cls] = self._plain_subclass(cls)
+                    plain = self._plain[(cls, observing)] = self._plain_subclass(cls, observing)
             if plain is not cls:
                 iterator.__class__ = plain
         except Exception:
             log.debug("rngaudit: could not take the order check off an iterator", exc_info=True)
 
-    def _plain_subclass(self, cls: type) -> type:
+    def _plain_subclass(self, cls: type, observing: bool) -> type:
+        """``cls`` without this guard's per-batch wrappers; ``observing``: its ``_next_index``
+        still keeps each index batch (a plain function, no wrapper), or ``cls`` itself when
+        that cannot be arranged."""
         namespace: dict[str, Any] = {
             "__module__": cls.__module__,
             "__qualname__": cls.__qualname__,
@@ -274,6 +278,10 @@ class EpochGuard:
             original = ours.get((id(owner), name))
             if isinstance(attr, wrapt.FunctionWrapper) and attr.__wrapped__ is original:
                 namespace[name] = original  # our wrapper, with nothing over it
+        if observing:
+            if "_next_index" not in namespace:
+                return cls  # the observation must go on through the wrapper
+            namespace["_next_index"] = _observing_next_index(namespace["_next_index"], self)
         if len(namespace) == 4:  # nothing of ours on its per-batch path
             return cls
         return type(cls.__name__, (cls,), namespace)
@@ -472,6 +480,26 @@ class EpochGuard:
 
 
 _PLAIN_MARK = "_rngaudit_plain"
+
+
+def _observing_next_index(original: Callable[[Any], Any], guard: EpochGuard) -> Any:
+    """``_next_index`` of an observed epoch, after its first batch: the original, each index
+    batch kept in the epoch's tape, the epoch compared when the rank has drawn its last."""
+
+    def _next_index(self: Any) -> Any:
+        tape: partition.Tape | None = self.__dict__.get("_rngaudit_tape")
+        try:
+            batch = original(self)
+        except StopIteration:
+            if tape is not None and not tape.closed:
+                with RECORDER.paused():
+                    guard._epoch_end(tape)
+            raise
+        if tape is not None:
+            tape.add(batch)
+        return batch
+
+    return _next_index
 
 
 def _plain_reset(self: Any, *args: Any, **kwargs: Any) -> Any:

@@ -69,6 +69,26 @@ def test_no_rngaudit_frame_runs_per_batch_after_the_first(tmp_path: Path) -> Non
     rngaudit.wait_for_reports()
 
 
+def test_an_observed_epoch_keeps_only_the_index_batches(tmp_path: Path) -> None:
+    """A sharded loader's partition is observed: after its first batch the only rngaudit code
+    per batch keeps the index batch (no wrapper, no first-batch detection), and the epoch is
+    still compared at its end."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    data = _Items(40)
+    sampler: DistributedSampler[int] = DistributedSampler(data, num_replicas=2, rank=0, seed=1)
+    loader = D.DataLoader(data, batch_size=2, sampler=sampler)
+    with rngaudit.audit(report_dir=tmp_path, mode="report"):
+        it = iter(loader)
+        next(it)
+        frames = _rngaudit_frames(lambda: [next(it) for _ in range(8)])
+        tape = it.__dict__["_rngaudit_tape"]
+        assert set(frames) <= {"_next_index", "add"} and frames.count("_next_index") == 8
+        assert sum(len(b) for b in tape.pending) == 18 and not tape.closed  # 9 batches kept
+        assert len(list(it)) == 1 and tape.closed  # drawn to its end: compared
+    rngaudit.wait_for_reports()
+
+
 def test_a_persistent_iterator_is_checked_again_at_its_next_epoch(tmp_path: Path) -> None:
     loader = D.DataLoader(_Items(8), batch_size=2, num_workers=1, persistent_workers=True)
     with rngaudit.audit(report_dir=tmp_path, mode="report"):
