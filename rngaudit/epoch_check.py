@@ -299,12 +299,16 @@ class EpochGuard:
             state["_rngaudit_epoch"] = key
             with RECORDER.paused():
                 state["_rngaudit_tape"] = self._open_tape(instance)
-        tape: partition.Tape | None = state.get("_rngaudit_tape")
+        return self._observe(state.get("_rngaudit_tape"), wrapped, *args, **kw)
+
+    def _observe(self, tape: partition.Tape | None, pull: Callable[..., Any], *args: Any) -> Any:
+        """One index batch from ``pull``, kept in ``tape``; when the rank has drawn its whole
+        share of the epoch (StopIteration), the ranks compare the epoch."""
         if tape is None:
-            return wrapped(*args, **kw)
+            return pull(*args)
         try:
-            batch = wrapped(*args, **kw)
-        except StopIteration:  # the rank has drawn its whole share of the epoch
+            batch = pull(*args)
+        except StopIteration:
             if not tape.closed:
                 with RECORDER.paused():
                     self._epoch_end(tape)
@@ -326,7 +330,7 @@ class EpochGuard:
                     return None
                 state = self._state(shard)
             mapping = partition.root_mapping(peek.attr(iterator, "_dataset"))
-            if mapping is None or mapping[1] > partition.MAX_ROOT:
+            if mapping is None:
                 return None
             context = (watch, shard, sharding.chain_name(nodes), state.checks)
             tape = partition.Tape(mapping[0], mapping[1], context)
@@ -355,7 +359,7 @@ class EpochGuard:
             }
             result = self._swap(record, f"partition/{state.index}/{epoch}", watch, "partition")
             if result is not None:
-                summaries = {int(r["rank"]): r["partition"] for r in result if "partition" in r}
+                summaries = {int(r["rank"]): r["partition"] for r in result[0] if "partition" in r}
                 finding = epoch_rules.partition_overlap(summaries, state.label, chain, epoch)
                 if finding is not None:
                     found.append(finding)
@@ -369,8 +373,11 @@ class EpochGuard:
 
     def _swap(
         self, record: dict[str, Any], key: str, watch: Watch, what: str
-    ) -> list[dict[str, Any]] | None:
-        """Exchange ``record`` under ``key``: every rank's record (groups expanded), or None."""
+    ) -> tuple[list[dict[str, Any]], list[int]] | None:
+        """Exchange ``record`` under ``key``: every rank's record (groups expanded) and the
+        ranks that did not arrive, or None. The signature covers everything the rules read but
+        the rank: equal ranks form one group, and each rank fetches one record per group
+        (O(groups), not O(world), per rank and check)."""
         comparable = {k: v for k, v in record.items() if k not in ("rank", "signature")}
         record["signature"] = hashlib.blake2b(
             json.dumps(comparable, sort_keys=True, default=str).encode(), digest_size=12
@@ -383,7 +390,7 @@ class EpochGuard:
         except Exception:
             log.warning("rngaudit: the %s check could not exchange", what, exc_info=True)
             return None
-        return cast(list[dict[str, Any]], expand_groups(result.records))
+        return cast(list[dict[str, Any]], expand_groups(result.records)), list(result.missing)
 
     # -- the check -----------------------------------------------------------------------------
     def _first_batch(self, iterator: Any) -> None:
@@ -447,26 +454,17 @@ class EpochGuard:
         self, record: records.EpochRecord, watch: Watch, state: _LoaderState
     ) -> list[Finding]:
         record["dataset_draws"] = _split_draws(watch.session)
-        # everything the rules read but the rank: equal ranks form one group, and each rank
-        # fetches one record per group (O(groups), not O(world), per rank and epoch)
-        comparable = {k: v for k, v in record.items() if k not in ("rank", "signature")}
-        record["signature"] = hashlib.blake2b(
-            json.dumps(comparable, sort_keys=True, default=str).encode(), digest_size=12
-        ).hexdigest()
-        key = f"epoch/{state.index}/{state.checks}"
+        exchanged = self._swap(
+            cast(dict[str, Any], record), f"epoch/{state.index}/{state.checks}", watch, "order"
+        )
+        if exchanged is None:
+            return []
         try:
-            where = exchange.distributed()
-            if where is not None:
-                record["rank"] = where[0]
-            else:
-                record["rank"] = 0
-            info = {"label": f"order check of {record['loader']}", "mode": watch.settings.mode}
-            result = exchange.exchange(record, key, watch.settings.timeout, info=info)
             found = epoch_rules.compare(
-                expand_groups(result.records), result.missing, watch.settings.timeout
+                cast(list[records.EpochRecord], exchanged[0]), exchanged[1], watch.settings.timeout
             )
         except Exception:
-            log.warning("rngaudit: the order check could not exchange", exc_info=True)
+            log.warning("rngaudit: the order check could not compare", exc_info=True)
             return []
         repeat = epoch_rules.repeated(record, state.previous)
         if repeat is not None:
@@ -487,17 +485,7 @@ def _observing_next_index(original: Callable[[Any], Any], guard: EpochGuard) -> 
     batch kept in the epoch's tape, the epoch compared when the rank has drawn its last."""
 
     def _next_index(self: Any) -> Any:
-        tape: partition.Tape | None = self.__dict__.get("_rngaudit_tape")
-        try:
-            batch = original(self)
-        except StopIteration:
-            if tape is not None and not tape.closed:
-                with RECORDER.paused():
-                    guard._epoch_end(tape)
-            raise
-        if tape is not None:
-            tape.add(batch)
-        return batch
+        return guard._observe(self.__dict__.get("_rngaudit_tape"), original, self)
 
     return _next_index
 

@@ -21,13 +21,11 @@ _FOLD = 256  # index batches kept before they are folded into the bitmap
 _MAX_DEPTH = 8
 
 
-def root_mapping(dataset: Any) -> tuple[list[Any], int] | None:
-    """The index arrays from the loader's index space to the root dataset's, outermost first,
-    and the root's size; None when a level cannot be read safely (the epoch is not observed)."""
-    np = sys.modules.get("numpy")
-    if np is None:
-        return None
-    maps: list[Any] = []
+def _levels(dataset: Any) -> tuple[list[Any], int] | None:
+    """The ``indices`` objects from the loader's index space to the root dataset's, outermost
+    first, and the root's size, read without converting anything; None when a level cannot be
+    read safely."""
+    levels: list[Any] = []
     node = dataset
     for _ in range(_MAX_DEPTH):
         inner = peek.attr(node, "dataset")
@@ -37,16 +35,25 @@ def root_mapping(dataset: Any) -> tuple[list[Any], int] | None:
         if indices is not None:
             if not isinstance(indices, list | tuple | range) and not _is_array(indices):
                 return None
-            try:
-                arr = np.asarray(indices, dtype=np.int64).reshape(-1)
-            except Exception:
-                return None
-            maps.append(arr)
+            levels.append(indices)
         node = inner
     size = peek.size(node)
-    if size is None:
+    return None if size is None else (levels, size)
+
+
+def root_mapping(dataset: Any, limit: int = MAX_ROOT) -> tuple[list[Any], int] | None:
+    """The index arrays from the loader's index space to the root dataset's, outermost first,
+    and the root's size; None when a level cannot be read safely or the root holds more than
+    ``limit`` samples (checked before any index list is converted)."""
+    np = sys.modules.get("numpy")
+    found = _levels(dataset)
+    if np is None or found is None or found[1] > limit:
         return None
-    return maps, size
+    try:
+        maps = [np.asarray(level, dtype=np.int64).reshape(-1) for level in found[0]]
+    except Exception:
+        return None
+    return maps, found[1]
 
 
 MAX_DATASET_ROOT = 1 << 17  # root samples of a dataset sent in a window's record (16 KiB)
@@ -54,16 +61,16 @@ MAX_DATASET_ROOT = 1 << 17  # root samples of a dataset sent in a window's recor
 
 def holds_split(dataset: Any) -> bool:
     """Whether ``dataset`` is a ``Subset``-like split or shard of a root dataset."""
-    mapping = root_mapping(dataset)
-    return mapping is not None and bool(mapping[0])
+    found = _levels(dataset)
+    return found is not None and bool(found[0])
 
 
 def dataset_samples(dataset: Any) -> dict[str, Any] | None:
     """The root samples a dataset holds, as a summary :func:`overlap` compares, when it holds
     a ``Subset``-like level (a per-rank split or shard of a root dataset up to
     ``MAX_DATASET_ROOT`` samples); None otherwise. Read without ``__getitem__`` or a draw."""
-    mapping = root_mapping(dataset)
-    if mapping is None or not mapping[0] or mapping[1] > MAX_DATASET_ROOT:
+    mapping = root_mapping(dataset, MAX_DATASET_ROOT)
+    if mapping is None or not mapping[0]:
         return None
     maps, size = mapping
     try:

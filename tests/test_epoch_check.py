@@ -83,7 +83,8 @@ def test_an_observed_epoch_keeps_only_the_index_batches(tmp_path: Path) -> None:
         next(it)
         frames = _rngaudit_frames(lambda: [next(it) for _ in range(8)])
         tape = it.__dict__["_rngaudit_tape"]
-        assert set(frames) <= {"_next_index", "add"} and frames.count("_next_index") == 8
+        assert set(frames) <= {"_next_index", "_observe", "add"}  # no wrapper, no detection
+        assert frames.count("_next_index") == frames.count("_observe") == 8
         assert sum(len(b) for b in tape.pending) == 18 and not tape.closed  # 9 batches kept
         assert len(list(it)) == 1 and tape.closed  # drawn to its end: compared
     rngaudit.wait_for_reports()

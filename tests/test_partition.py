@@ -92,3 +92,15 @@ def test_dataset_samples_only_for_splits() -> None:
     samples = partition.dataset_samples(split)
     assert samples is not None and samples["distinct"] == 2 and samples["root_size"] == 6
     assert partition.dataset_samples(root) is None
+
+
+def test_index_lists_are_converted_only_for_a_root_small_enough() -> None:
+    class Untouchable(list[int]):
+        def __iter__(self) -> Any:
+            raise AssertionError("converted")
+
+    root = list(range(10))
+    split: Any = D.Subset(root, Untouchable([3, 1]))  # type: ignore[arg-type]
+    assert partition.holds_split(split)  # read, never converted
+    assert partition.root_mapping(split, limit=9) is None  # too big a root: not converted
+    assert partition.root_mapping(D.Subset(root, [3, 1]), limit=10) is not None  # type: ignore[arg-type]
