@@ -1,4 +1,4 @@
-"""Comparison scale: rngaudit.compare.compare over synthetic rank records of 2,000 events each."""
+"""Comparison scale: rngaudit.ranks.rules.compare over synthetic rank records, 2,000 events each."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from typing import Any
 
 import benchlib
 
-from rngaudit import compare, exchange
+from rngaudit.ranks import exchange
+from rngaudit.ranks import rules as compare
 
 GENERATORS = (
     ("torch.default_generator", "aten.uniform_"),

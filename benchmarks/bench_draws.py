@@ -19,8 +19,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import rngaudit
-from rngaudit.instrument import torch_ops as instrument_torch
-from rngaudit.recorder import RECORDER
+from rngaudit.capture.instrument import torch_ops as instrument_torch
+from rngaudit.capture.recorder import RECORDER
 
 TMP_PREFIX = "rngaudit-bench-draws-"  # removed at exit, with the generated files and reports
 

@@ -15,7 +15,7 @@ import gc, json, os, sys, time, tracemalloc
 import numpy as np, torch
 n, audited, report_dir = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3]
 import rngaudit
-from rngaudit import report_write
+from rngaudit.reports import files as report_write
 
 def body():
     for i in range(n):

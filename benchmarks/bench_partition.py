@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from torch.utils.data.distributed import DistributedSampler
 
 import rngaudit
-from rngaudit import sharding
+from rngaudit.epochs import sharding
 
 
 class Items(Dataset[int]):

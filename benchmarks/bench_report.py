@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 import rngaudit
-from rngaudit import report_write as report_files
+from rngaudit.reports import files as report_files
 
 TMP_PREFIX = "rngaudit-bench-report-"  # removed at exit, with the generated files and reports
 

@@ -16,8 +16,9 @@ from typing import Any
 import benchlib
 from bench_compare import rank_events
 
-from rngaudit import compare, exchange
-from rngaudit import report_write as report_files
+from rngaudit.ranks import exchange
+from rngaudit.ranks import rules as compare
+from rngaudit.reports import files as report_files
 
 TIMEOUT = 300.0
 

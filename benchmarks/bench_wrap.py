@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 import time
 
-from rngaudit.render import wrap
+from rngaudit.reports.report_text import wrap
 
 
 def seconds(fn: object, text: str) -> float:
@@ -15,7 +15,7 @@ def seconds(fn: object, text: str) -> float:
 
 
 def main() -> None:
-    print("| word | textwrap.wrap | rngaudit.render.wrap | ratio |")
+    print("| word | textwrap.wrap | rngaudit.reports.report_text.wrap | ratio |")
     print("|---|---|---|---|")
     for mib in (1, 4, 16):
         text = f"before {'x' * (mib << 20)} after"

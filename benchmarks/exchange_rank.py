@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 
 import rngaudit
-from rngaudit import compare, exchange, session
+from rngaudit.ranks import exchange, session
+from rngaudit.ranks import rules as compare
 
 TIMED: dict[str, float] = {}
 

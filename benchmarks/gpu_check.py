@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import rngaudit
-from rngaudit.instrument import torch_ops as instrument_torch
+from rngaudit.capture.instrument import torch_ops as instrument_torch
 
 
 def draws(a: rngaudit.Audit) -> list[tuple[str, str, int]]:

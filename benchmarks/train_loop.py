@@ -40,7 +40,7 @@ class Augmented(Dataset):  # type: ignore[type-arg]
 
 def hooked() -> bool:
     """rngaudit intercepts this thread's torch ops (its dispatch key or its dispatch mode)."""
-    module = sys.modules.get("rngaudit.instrument.torch_ops")
+    module = sys.modules.get("rngaudit.capture.instrument.torch_ops")
     if module is not None:
         return bool(module.intercepting())
     return torch._C._len_torch_dispatch_stack() > 0

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from rngaudit.audit import Audit as Audit
-from rngaudit.audit import audit as audit
 from rngaudit.errors import RNGAuditError as RNGAuditError
 from rngaudit.errors import RNGAuditStoreError as RNGAuditStoreError
 from rngaudit.errors import RNGAuditTimeoutError as RNGAuditTimeoutError
@@ -11,8 +9,10 @@ from rngaudit.errors import RNGAuditWarning as RNGAuditWarning
 from rngaudit.errors import RNGDivergenceError as RNGDivergenceError
 from rngaudit.errors import WorkerDuplicateStreamError as WorkerDuplicateStreamError
 from rngaudit.findings import Finding as Finding
-from rngaudit.report import AuditReport as AuditReport
-from rngaudit.report_write import flush as wait_for_reports
+from rngaudit.reports.files import flush as wait_for_reports
+from rngaudit.reports.model import AuditReport as AuditReport
+from rngaudit.with_block import Audit as Audit
+from rngaudit.with_block import audit as audit
 
 __version__ = "0.1.0"
 

@@ -22,20 +22,20 @@ from rngaudit.config import (
     MODES,
     parse_timeout,
 )
-from rngaudit.diff import RunDiff, diff_dirs
 from rngaudit.errors import ConfigError, ReportError, RNGAuditError
-from rngaudit.render import (
+from rngaudit.reports.diff_text import render_diff_json, render_diff_markdown, render_diff_text
+from rngaudit.reports.files import set_aside, write_text
+from rngaudit.reports.html_page import render_diff_html, render_html
+from rngaudit.reports.load import find_report_files, load_report_dir
+from rngaudit.reports.model import AuditReport
+from rngaudit.reports.report_text import (
     render_json,
     render_markdown,
     render_summary,
     render_text,
     write_json,
 )
-from rngaudit.render_diff import render_diff_json, render_diff_markdown, render_diff_text
-from rngaudit.render_html import render_diff_html, render_html
-from rngaudit.report import AuditReport
-from rngaudit.report_read import find_report_files, load_report_dir
-from rngaudit.report_write import set_aside, write_text
+from rngaudit.reports.run_diff import RunDiff, diff_dirs
 
 OK, FINDINGS, UNUSABLE = 0, 1, 2  # exit statuses
 HTML_FILE = "report.html"  # what ``rngaudit run --html`` writes into the report directory

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rngaudit.records import CallSiteDict, FindingDict
+from rngaudit.schema import CallSiteDict, FindingDict
 
 SEVERITIES = ("info", "warning", "error")
 

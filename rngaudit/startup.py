@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rngaudit import config, forksafe
-from rngaudit.patching import PatchSet
+from rngaudit.capture.patching import PatchSet
 
 log = logging.getLogger("rngaudit")
 _started = False

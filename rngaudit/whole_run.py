@@ -8,13 +8,16 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from rngaudit import config, epoch_check, exchange, partition, peek, session, sharding
-from rngaudit.callsite import here
+from rngaudit import config, peek
+from rngaudit.capture.callsite import here
+from rngaudit.capture.instrument import torch_ops as instrument_torch
+from rngaudit.capture.patching import PatchSet
+from rngaudit.capture.recorder import RECORDER, Window
+from rngaudit.epochs import order_check as epoch_check
+from rngaudit.epochs import partition, sharding
 from rngaudit.errors import ConfigError
-from rngaudit.instrument import torch_ops as instrument_torch
-from rngaudit.patching import PatchSet
-from rngaudit.recorder import RECORDER, Window
-from rngaudit.report import AuditReport
+from rngaudit.ranks import exchange, session
+from rngaudit.reports.model import AuditReport
 
 log = logging.getLogger("rngaudit")
 

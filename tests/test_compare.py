@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import random
 
-from rngaudit.compare import compare, signature
 from rngaudit.findings import Finding
-from rngaudit.records import CallSiteDict, Event, RankRecord
+from rngaudit.ranks.rules import compare, signature
+from rngaudit.schema import CallSiteDict, Event, RankRecord
 
 
 def site(file: str, line: int, function: str = "f") -> CallSiteDict:

@@ -1,4 +1,4 @@
-"""Tests for rngaudit.diff and ``rngaudit diff``: pairs of real runs of one seeded program."""
+"""Tests for rngaudit.reports.run_diff and ``rngaudit diff``: pairs of real runs of one program."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import pytest
 from conftest import ROOT, run_python
 
 from rngaudit.cli import main
-from rngaudit.diff import diff_dirs, diff_reports
-from rngaudit.render_diff import render_diff_text
-from rngaudit.report_read import load_report_dir
+from rngaudit.reports.diff_text import render_diff_text
+from rngaudit.reports.load import load_report_dir
+from rngaudit.reports.run_diff import diff_dirs, diff_reports
 
 SCRIPT = "tests/envmode/seeded_diff.py"
 VARIANTS: dict[str, dict[str, str]] = {

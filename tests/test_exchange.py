@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from conftest import torchrun
 
-from rngaudit import exchange
+from rngaudit.ranks import exchange
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rngaudit import fingerprint
+from rngaudit.capture import fingerprint
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from rngaudit.audit import Audit, WindowOptions
 from rngaudit.errors import ConfigError
+from rngaudit.with_block import Audit, WindowOptions
 
 
 def test_the_window_options_are_audits_keywords_but_every_epoch() -> None:

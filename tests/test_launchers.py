@@ -358,7 +358,7 @@ def test_restart_attempt_exchanges_do_not_see_earlier_attempts_keys(
     import torch.distributed as dist
     from torch.distributed import distributed_c10d
 
-    from rngaudit import exchange
+    from rngaudit.ranks import exchange
 
     shared = dist.HashStore()  # type: ignore[attr-defined]
     monkeypatch.setattr(distributed_c10d, "_get_default_store", lambda: shared)

@@ -8,8 +8,9 @@ from typing import Any
 
 from conftest import run_python
 
-from rngaudit import compare, naming
 from rngaudit import findings as fk
+from rngaudit.capture import naming
+from rngaudit.ranks import rules as compare
 
 N = 3000  # generators of each family: well beyond naming.NAMED_PER_FAMILY
 
@@ -19,7 +20,7 @@ MANY = r"""
 import gc, json, sys, weakref
 import numpy as np, torch
 import rngaudit
-from rngaudit import report_write
+from rngaudit.reports import files as report_write
 n, seed, report_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 
 def numpy_alive():

@@ -17,11 +17,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rngaudit
-from rngaudit import epoch_check, patching
-from rngaudit.callsite import MARKED_CODES
-from rngaudit.instrument.torch_ops import intercepting
-from rngaudit.patching import ATTR, HOOK, MARKS, MISSING, Entry
-from rngaudit.recorder import RECORDER
+from rngaudit.capture import patching
+from rngaudit.capture.callsite import MARKED_CODES
+from rngaudit.capture.instrument.torch_ops import intercepting
+from rngaudit.capture.patching import ATTR, HOOK, MARKS, MISSING, Entry
+from rngaudit.capture.recorder import RECORDER
+from rngaudit.epochs import order_check as epoch_check
 from rngaudit.workers import monitor as workers
 
 Op = Callable[[dict[str, Any]], Any]

@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 import torch.utils.data as D
 
-from rngaudit import epoch_rules, partition
+from rngaudit.epochs import order_rules as epoch_rules
+from rngaudit.epochs import partition
 
 
 class Wrapper(D.Dataset[int]):

@@ -17,10 +17,11 @@ from conftest import run_python
 from torch.utils.data import DataLoader, RandomSampler
 
 import rngaudit
-from rngaudit import epoch_check, patching
-from rngaudit.callsite import MARKED_CODES
-from rngaudit.patching import ATTR, HOOK, MARKS, MISSING, UNDO, Entry, PatchSet
-from rngaudit.recorder import RECORDER
+from rngaudit.capture import patching
+from rngaudit.capture.callsite import MARKED_CODES
+from rngaudit.capture.patching import ATTR, HOOK, MARKS, MISSING, UNDO, Entry, PatchSet
+from rngaudit.capture.recorder import RECORDER
+from rngaudit.epochs import order_check as epoch_check
 from rngaudit.workers import monitor as workers
 
 
@@ -132,9 +133,11 @@ import json, sys
 import torch
 import wrapt
 from torch.utils.data import DataLoader, RandomSampler
-from rngaudit import epoch_check, patching, startup
+from rngaudit import startup
+from rngaudit.epochs import order_check as epoch_check
+from rngaudit.capture import patching
 from rngaudit.workers import monitor as workers
-from rngaudit.recorder import RECORDER
+from rngaudit.capture.recorder import RECORDER
 
 run = startup.CONTROLLER
 import accelerate  # after start-up: its prepare() hooks are wrapped on import
@@ -148,7 +151,7 @@ def snapshot(entries):
             now = vars(e.owner).get(e.name, patching.MISSING)
             out.append(["attr", f"{getattr(e.owner, '__name__', '')}.{e.name}", now is e.original])
         elif e.kind == patching.MARKS:
-            from rngaudit.callsite import MARKED_CODES
+            from rngaudit.capture.callsite import MARKED_CODES
             out.append(["marks", len(e.codes), all(c not in MARKED_CODES for c in e.codes)])
         elif e.kind == patching.HOOK:
             gone = all(cb is not e.original for cb in patching.routes(e.name))

@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 import torch.utils.data as D
 
-from rngaudit import peek, sharding
+from rngaudit import peek
+from rngaudit.epochs import sharding
 
 
 class Hostile:

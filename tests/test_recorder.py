@@ -251,7 +251,7 @@ def test_an_unwritable_report_dir_warns_once_and_keeps_the_report(tmp_path: Path
 def dispatch_stack() -> int:
     """1 while this thread's seeded torch ops reach rngaudit (its key or its mode), else 0;
     plus any dispatch mode left on the stack."""
-    from rngaudit.instrument import torch_ops as instrument_torch
+    from rngaudit.capture.instrument import torch_ops as instrument_torch
 
     return int(instrument_torch.intercepting()) or int(torch._C._len_torch_dispatch_stack())
 
@@ -328,7 +328,7 @@ def test_a_library_private_generator_made_at_import_is_not_recorded(tmp_path: Pa
 def test_report_files_are_written_after_the_block_in_order(report_dir: Path) -> None:
     import json
 
-    from rngaudit import report_write as report_files
+    from rngaudit.reports import files as report_files
 
     gate = threading.Event()
 

@@ -1,4 +1,4 @@
-"""Tests for rngaudit.render: golden files and the text layout's rules.
+"""Tests for rngaudit.reports.report_text: golden files and the text layout's rules.
 
 The samples in tests/data come from a real 2-rank run (tests/data/make_samples.py). Regenerate
 the golden files after an intended change of output with
@@ -18,10 +18,11 @@ from typing import Any, cast
 import pytest
 from samples import DATA, EXTRA_DRAW, GOLDEN, PREPARE, check_golden
 
-from rngaudit.callsite import format_site, short_path
+from rngaudit.capture.callsite import format_site, short_path
 from rngaudit.findings import Finding, format_ranks
-from rngaudit.records import CallSiteDict, Event, Loader, RankRecord
-from rngaudit.render import (
+from rngaudit.reports.load import load_report_dir
+from rngaudit.reports.model import AuditReport
+from rngaudit.reports.report_text import (
     MAX_TIMELINE_ROWS,
     WIDTH,
     render_json,
@@ -29,8 +30,7 @@ from rngaudit.render import (
     render_summary,
     render_text,
 )
-from rngaudit.report import AuditReport
-from rngaudit.report_read import load_report_dir
+from rngaudit.schema import CallSiteDict, Event, Loader, RankRecord
 
 RENDERERS = {"txt": render_text, "md": render_markdown, "json": render_json}
 

@@ -1,4 +1,4 @@
-"""Tests for rngaudit.render_html: pages from a real 2-rank run, checked in headless Chromium."""
+"""Tests for rngaudit.reports.html_page: pages from a real 2-rank run, checked in Chromium."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import pytest
 from conftest import ROOT, run_python, torchrun
 
 from rngaudit.cli import main
-from rngaudit.diff import diff_reports
-from rngaudit.render_html import render_diff_html, render_html
-from rngaudit.report import AuditReport
-from rngaudit.report_read import load_report_dir
+from rngaudit.reports.html_page import render_diff_html, render_html
+from rngaudit.reports.load import load_report_dir
+from rngaudit.reports.model import AuditReport
+from rngaudit.reports.run_diff import diff_reports
 
 SCENARIOS = "tests/distributed/scenarios.py"
 NO_BROWSER = browser.missing()

@@ -1,4 +1,4 @@
-"""Tests for rngaudit.report_read: reading report.json, merging rank files, refusing bad input."""
+"""Tests for rngaudit.reports.load: reading report.json, merging rank files, refusing bad input."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from samples import AUDIT, DATA
 
-from rngaudit import records
+from rngaudit import schema as records
 from rngaudit.errors import ReportError
 from rngaudit.findings import RANK_MISSING
-from rngaudit.report_read import find_report_files, load_report_dir
+from rngaudit.reports.load import find_report_files, load_report_dir
 
 
 def rank_doc(
@@ -482,7 +482,7 @@ def _placed(shape: str, name: str) -> tuple[dict[str, Any], str]:
     ],
 )
 def test_every_field_of_the_schema_is_type_checked(tmp_path: Path, shape: str, name: str) -> None:
-    """The reader's checks come from the TypedDicts in rngaudit.records, field for field."""
+    """The reader's checks come from the TypedDicts in rngaudit.schema, field for field."""
     doc, where = _placed(shape, name)
     write(tmp_path, "rank-0.json", doc)
     assert f"{where}: field {name!r} is a number, expected " in load_error(tmp_path)

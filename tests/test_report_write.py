@@ -12,13 +12,13 @@ from pathlib import Path
 
 from conftest import ROOT
 
-from rngaudit import report_write as report_files
+from rngaudit.reports import files as report_files
 
 # Writes a report, but blocks (forever) between the temp file and the rename: the test kills it.
 KILLED_WRITER = """
 import os, sys, threading
 from pathlib import Path
-from rngaudit import report_write as report_files
+from rngaudit.reports import files as report_files
 real_replace = os.replace
 def stuck(src, dst, **dir_fds):  # names relative to the report directory's descriptor
     Path(sys.argv[2]).write_text(str(Path(sys.argv[1]).parent / src))  # what the test waits for

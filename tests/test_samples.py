@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from samples import AUDIT, CASES, DATA, EXTRA_DRAW, PREPARE, SCENARIO, check_golden
 
-from rngaudit import environment
+from rngaudit.capture import environment
 from rngaudit.cli import main
 from rngaudit.findings import Finding
-from rngaudit.records import CallSiteDict, Event, Loader, RankRecord, SamplerDict
-from rngaudit.report_read import load_report_dir
+from rngaudit.reports.load import load_report_dir
+from rngaudit.schema import CallSiteDict, Event, Loader, RankRecord, SamplerDict
 
 ROOT = Path(__file__).resolve().parent.parent
 HEX8 = re.compile(r"[0-9a-f]{8}")  # fingerprint.py: a crc32 as 8 hex digits

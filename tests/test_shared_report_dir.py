@@ -20,7 +20,7 @@ JOB = r"""
 import random, sys, time
 from pathlib import Path
 import rngaudit
-from rngaudit import report_write
+from rngaudit.reports import files as report_write
 report_dir, audits, pause_after, wait_for, signal = sys.argv[1:6]
 audits, pause_after = int(audits), int(pause_after)
 for i in range(audits):

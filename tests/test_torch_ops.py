@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import rngaudit
-from rngaudit.instrument import seeded_ops
-from rngaudit.instrument import torch_ops as instrument_torch
-from rngaudit.instrument.torch_ops import intercepting
-from rngaudit.recorder import RECORDER
+from rngaudit.capture.instrument import seeded_ops
+from rngaudit.capture.instrument import torch_ops as instrument_torch
+from rngaudit.capture.instrument.torch_ops import intercepting
+from rngaudit.capture.recorder import RECORDER
 
 
 def _installed_leaf_ops() -> set[str]:

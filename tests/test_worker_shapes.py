@@ -175,7 +175,7 @@ def test_worker_observation_is_undone_and_bounded() -> None:
         "m = WorkerMonitor(found.append, mode='report'); m.install()\n"
         "rows = torch.cat(list(DataLoader(Probe(), batch_size=1, num_workers=1,"
         " multiprocessing_context='fork'))).tolist()\n"
-        "from rngaudit.instrument import torch_ops\n"
+        "from rngaudit.capture.instrument import torch_ops\n"
         "m.uninstall(); print(json.dumps([rows, torch_ops._keyed_state]))\n"
     )
     proc = run_python(["-c", code])

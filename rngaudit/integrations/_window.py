@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rngaudit.audit import Audit, WindowOptions
+from rngaudit.with_block import Audit, WindowOptions
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -28,7 +28,7 @@ class CallbackWindow:
 
     @property
     def report(self) -> Any:
-        """The :class:`~rngaudit.report.AuditReport` once the window closed, else None."""
+        """The :class:`~rngaudit.reports.model.AuditReport` once the window closed, else None."""
         return self.audit.report if self.audit is not None else None
 
     def open(self) -> None:

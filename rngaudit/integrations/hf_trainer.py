@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback
 
-from rngaudit.audit import WindowOptions
 from rngaudit.integrations._window import CallbackWindow
+from rngaudit.with_block import WindowOptions
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

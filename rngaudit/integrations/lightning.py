@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rngaudit.audit import WindowOptions
 from rngaudit.integrations._window import CallbackWindow
+from rngaudit.with_block import WindowOptions
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

@@ -9,10 +9,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rngaudit import callsite, naming
-from rngaudit.events import CREATE, DRAW
-from rngaudit.patching import PatchSet
-from rngaudit.recorder import GenInfo, Recorder
+from rngaudit.capture import callsite, naming
+from rngaudit.capture.event_log import CREATE, DRAW
+from rngaudit.capture.patching import PatchSet
+from rngaudit.capture.recorder import GenInfo, Recorder
 from rngaudit.workers import probe
 
 log = logging.getLogger("rngaudit")
@@ -32,7 +32,7 @@ DRAW_PREFIX = "d"  # the draw report's file: d<worker id>.json (the init report 
 
 class DrawRecorder(Recorder):
     """A private recorder for one worker's first batch: the instrumentation of
-    ``rngaudit.instrument`` calls :meth:`record`, which keeps the state fingerprint before
+    ``rngaudit.capture.instrument`` calls :meth:`record`, which keeps the state fingerprint before
     each draw (bounded), per generator, op and call site, instead of counting events."""
 
     def __init__(self, deadline: float) -> None:
@@ -190,7 +190,7 @@ class FirstBatch:
 
     def start(self) -> None:
         """Install the instrumentation (this process only) and wrap the fetchers."""
-        from rngaudit.instrument import Instrumentation
+        from rngaudit.capture.instrument import Instrumentation
 
         rec = self.rec
         rec.enabled = True
@@ -364,6 +364,6 @@ def _ident(obj: Any) -> Any:
 
 
 def _of(obj: Any) -> str | None:
-    from rngaudit.fingerprint import of
+    from rngaudit.capture.fingerprint import of
 
     return of(obj)

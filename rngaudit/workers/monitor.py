@@ -12,11 +12,12 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rngaudit import exchange, forksafe
+from rngaudit import forksafe
+from rngaudit.capture.patching import PatchSet
 from rngaudit.config import MODES
 from rngaudit.errors import ConfigError, RNGAuditWarning, WorkerDuplicateStreamError
 from rngaudit.findings import PERSISTENT_WORKER_STREAM, WORKER_DUPLICATE_STREAM, Finding
-from rngaudit.patching import PatchSet
+from rngaudit.ranks import exchange
 from rngaudit.workers import evidence
 from rngaudit.workers.draws import DRAW_PREFIX
 from rngaudit.workers.probe import GeneratorRef, WorkerProbe, find_generators, read_reports
@@ -454,10 +455,10 @@ def _ready_for_forked_workers() -> None:
     inherit it: the modules imported (25 ms per worker when each imported them, measured) and
     the torch kernels registered (45 ms per worker when each registered its own, rewriting the
     dispatch tables it shares copy-on-write with the parent). Idempotent."""
-    import rngaudit.fingerprint
-    import rngaudit.instrument
+    import rngaudit.capture.fingerprint
+    import rngaudit.capture.instrument
     import rngaudit.workers.draws  # noqa: F401
-    from rngaudit.instrument import torch_ops
+    from rngaudit.capture.instrument import torch_ops
 
     torch_ops.keyed_kernels()
 

@@ -14,9 +14,9 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from rngaudit import callsite
-from rngaudit import report_write as report_files
-from rngaudit.fingerprint import of as state_fingerprint
+from rngaudit.capture import callsite
+from rngaudit.capture.fingerprint import of as state_fingerprint
+from rngaudit.reports import files as report_files
 
 # Bounds of one walk over a dataset graph: depth below the root, items looked at per
 # container (list, tuple, dict), attributes per object, and objects visited in all.
@@ -352,7 +352,8 @@ def find_generators(
 def fingerprint(obj: object, kind: str) -> str:
     """A short hash of the generator's state (read, never drawn): equal states, equal hashes.
 
-    The same fingerprint the recorder uses (``rngaudit.fingerprint``), prefixed by the family.
+    The same fingerprint the recorder uses (``rngaudit.capture.fingerprint``), prefixed by the
+    family.
     """
     fp = state_fingerprint(obj)
     if fp is None:

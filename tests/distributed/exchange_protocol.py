@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch.utils.data import RandomSampler
 
 import rngaudit
-from rngaudit import exchange
+from rngaudit.ranks import exchange
 
 names, root = sys.argv[1].split(","), Path(sys.argv[2])
 dist.init_process_group("gloo")

@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import rngaudit
-from rngaudit.instrument.torch_ops import intercepting
+from rngaudit.capture.instrument.torch_ops import intercepting
 
 
 class Probe(Dataset[torch.Tensor]):

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 import rngaudit
-from rngaudit.recorder import RECORDER
+from rngaudit.capture.recorder import RECORDER
 
 stop = threading.Event()
 started = threading.Event()

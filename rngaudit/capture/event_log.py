@@ -8,8 +8,9 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from rngaudit import forksafe, records
-from rngaudit.callsite import CallSite
+from rngaudit import forksafe
+from rngaudit import schema as records
+from rngaudit.capture.callsite import CallSite
 
 DRAW, SEED, STATE, CREATE = "draw", "seed", "state", "create"  # event kinds
 PRE_ITERATION, ITERATION = "pre-iteration", "iteration"  # event phases

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rngaudit import peek
-from rngaudit.records import SamplerDraw
+from rngaudit.schema import SamplerDraw
 
 _MAX_CHAIN = 8
 _MAX_DATASET_DEPTH = 8
@@ -109,7 +109,7 @@ def describe_stream(dataset: Any) -> str:
     """What fixes an iterable dataset's stream before it is split, read without iterating: the
     classes of its pipeline, the state fingerprints of the generators in it, its epoch and
     shard count (Hugging Face), or the wrapped dataset (accelerate)."""
-    from rngaudit import fingerprint
+    from rngaudit.capture import fingerprint
 
     if _is_iterable_shard(dataset):
         inner = peek.attr(dataset, "dataset")

@@ -11,12 +11,12 @@ import typing
 from pathlib import Path
 from typing import Any, NamedTuple, cast
 
-from rngaudit import records
-from rngaudit import report_write as report_files
+from rngaudit import schema as records
 from rngaudit.errors import ReportError
 from rngaudit.findings import RANK_MISSING, SEVERITIES, Finding, format_ranks
-from rngaudit.report import SCHEMA_VERSION, AuditReport
-from rngaudit.report_write import MERGED_FILE, RANK_FILE
+from rngaudit.reports import files as report_files
+from rngaudit.reports.files import MERGED_FILE, RANK_FILE
+from rngaudit.reports.model import SCHEMA_VERSION, AuditReport
 
 _RANK_PREFIX, _RANK_SUFFIX = RANK_FILE.split("{rank}")
 
@@ -34,7 +34,7 @@ def _as_declared(typed_dict: type) -> _Shape:
     return typed_dict, tuple(name for name in typing.get_type_hints(typed_dict) if name in required)
 
 
-# What each shape needs: its TypedDict in rngaudit.records (the types of its fields) and the
+# What each shape needs: its TypedDict in rngaudit.schema (the types of its fields) and the
 # fields a file must have. Every other field may be absent or null; the type of every field
 # present is checked against the TypedDict's annotation. The records' fields are all written
 # by the producer, but a file needs only ``rank`` and ``events`` of them (see records.py).

@@ -6,9 +6,13 @@ import os
 import socket
 from typing import Any, Literal
 
-from rngaudit import environment, naming, partition, peek, records, run_kind, sharding
-from rngaudit import events as events_mod
-from rngaudit.recorder import RECORDER, Recorder
+from rngaudit import peek
+from rngaudit import schema as records
+from rngaudit.capture import environment, naming
+from rngaudit.capture import event_log as events_mod
+from rngaudit.capture import framework as run_kind
+from rngaudit.capture.recorder import RECORDER, Recorder
+from rngaudit.epochs import partition, sharding
 
 
 def rank_record(

@@ -9,11 +9,12 @@ from collections.abc import Callable
 from sys import _getframe
 from typing import Any
 
-from rngaudit import fingerprint, forksafe, naming
-from rngaudit.callsite import Stack
-from rngaudit.events import DRAW, SEED, STATE
-from rngaudit.instrument import seeded_ops
-from rngaudit.recorder import ROLE_LOADER, ROLE_SAMPLER, GenInfo, Recorder
+from rngaudit import forksafe
+from rngaudit.capture import fingerprint, naming
+from rngaudit.capture.callsite import Stack
+from rngaudit.capture.event_log import DRAW, SEED, STATE
+from rngaudit.capture.instrument import seeded_ops
+from rngaudit.capture.recorder import ROLE_LOADER, ROLE_SAMPLER, GenInfo, Recorder
 
 log = logging.getLogger("rngaudit")
 

@@ -10,9 +10,9 @@ from pathlib import PurePosixPath
 from types import CodeType, FrameType
 from typing import Any, NamedTuple
 
-from rngaudit import records
+from rngaudit import schema as records
 
-_PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # rngaudit/
 
 # Library frames that only route a call (dispatch plumbing): never a call site.
 _PLUMBING = (

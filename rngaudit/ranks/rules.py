@@ -8,12 +8,16 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
-from rngaudit import config, epoch_rules, naming, partition, run_kind
+from rngaudit import config
 from rngaudit import findings as fk
-from rngaudit.callsite import format_site
-from rngaudit.events import DRAW, PRE_ITERATION, SEED
+from rngaudit.capture import framework as run_kind
+from rngaudit.capture import naming
+from rngaudit.capture.callsite import format_site
+from rngaudit.capture.event_log import DRAW, PRE_ITERATION, SEED
+from rngaudit.epochs import order_rules as epoch_rules
+from rngaudit.epochs import partition
 from rngaudit.findings import Finding, format_ranks
-from rngaudit.records import CallSiteDict, Event, RankRecord, SamplerDict
+from rngaudit.schema import CallSiteDict, Event, RankRecord, SamplerDict
 
 UNSEEN = "<not loaded>"  # a generator absent at entry and never drawn from
 

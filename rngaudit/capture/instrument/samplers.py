@@ -6,8 +6,8 @@ import sys
 from types import CodeType
 from typing import Any
 
-from rngaudit.callsite import MARKED_CODES
-from rngaudit.recorder import ROLE_ITERATION, ROLE_LOADER, ROLE_SAMPLER
+from rngaudit.capture.callsite import MARKED_CODES
+from rngaudit.capture.recorder import ROLE_ITERATION, ROLE_LOADER, ROLE_SAMPLER
 
 # module -> (role, class names, method names)
 KNOWN: dict[str, list[tuple[str, tuple[str, ...], tuple[str, ...]]]] = {

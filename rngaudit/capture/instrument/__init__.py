@@ -7,12 +7,12 @@ import logging
 import sys
 
 from rngaudit import forksafe
-from rngaudit.instrument import loaders as instrument_loaders
-from rngaudit.instrument import samplers as instrument_samplers
-from rngaudit.instrument.numpy_random import NumpyInstrumentation
-from rngaudit.instrument.python_random import PythonInstrumentation
-from rngaudit.instrument.torch_ops import TorchInstrumentation
-from rngaudit.recorder import RECORDER, Recorder
+from rngaudit.capture.instrument import loaders as instrument_loaders
+from rngaudit.capture.instrument import samplers as instrument_samplers
+from rngaudit.capture.instrument.numpy_random import NumpyInstrumentation
+from rngaudit.capture.instrument.python_random import PythonInstrumentation
+from rngaudit.capture.instrument.torch_ops import TorchInstrumentation
+from rngaudit.capture.recorder import RECORDER, Recorder
 
 log = logging.getLogger("rngaudit")
 # The modules whose import installs a part (or marks samplers) while a window is open.

@@ -5,9 +5,9 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from rngaudit import sharding
-from rngaudit.instrument import samplers as instrument_samplers
-from rngaudit.recorder import Recorder
+from rngaudit.capture.instrument import samplers as instrument_samplers
+from rngaudit.capture.recorder import Recorder
+from rngaudit.epochs import sharding
 
 # (module, class) whose __init__ registers the new loader with the recorder.
 LOADER_CLASSES = (

@@ -7,8 +7,8 @@ import os
 import platform
 import sys
 
-from rngaudit.recorder import RECORDER
-from rngaudit.records import EnvironmentDict
+from rngaudit.capture.recorder import RECORDER
+from rngaudit.schema import EnvironmentDict
 
 # Distributions whose version changes what a program draws (a release that draws once more).
 PACKAGES = ("torch", "numpy", "accelerate", "torchdata")

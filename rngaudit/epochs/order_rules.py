@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from rngaudit import findings as fk
-from rngaudit import partition
-from rngaudit.callsite import format_site
+from rngaudit.capture.callsite import format_site
+from rngaudit.epochs import partition
 from rngaudit.findings import Finding, format_ranks
-from rngaudit.records import EpochRecord, SamplerDraw
+from rngaudit.schema import EpochRecord, SamplerDraw
 
 ORDER_REMEDY = (
     "Make the order every rank shards come from state that is identical on every rank: give "

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from rngaudit import compare, exchange, forksafe, records
-from rngaudit import report_write as report_files
+from rngaudit import forksafe
+from rngaudit import schema as records
+from rngaudit.capture.rank_record import merge_deferred, rank_record, summarize_loaders
+from rngaudit.capture.recorder import RECORDER, Window
 from rngaudit.config import restart_attempt
 from rngaudit.errors import (
     RNGAuditError,
@@ -23,9 +25,10 @@ from rngaudit.errors import (
     RNGDivergenceError,
 )
 from rngaudit.findings import RANK_MISSING, Finding, verdict_of
-from rngaudit.record import merge_deferred, rank_record, summarize_loaders
-from rngaudit.recorder import RECORDER, Window
-from rngaudit.report import SCHEMA_VERSION, AuditReport
+from rngaudit.ranks import exchange
+from rngaudit.ranks import rules as compare
+from rngaudit.reports import files as report_files
+from rngaudit.reports.model import SCHEMA_VERSION, AuditReport
 
 _private_random = random.Random(os.urandom(8))  # never the user's generators
 _sessions: dict[Path, Session] = {}

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rngaudit import fingerprint, naming
-from rngaudit.callsite import Stack
-from rngaudit.events import DRAW, SEED, STATE
-from rngaudit.recorder import GenInfo, Recorder
+from rngaudit.capture import fingerprint, naming
+from rngaudit.capture.callsite import Stack
+from rngaudit.capture.event_log import DRAW, SEED, STATE
+from rngaudit.capture.recorder import GenInfo, Recorder
 
 DRAWS = (
     "random", "uniform", "randint", "randrange", "choice", "choices", "shuffle", "sample",

@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import json
 
-from rngaudit.callsite import format_site
-from rngaudit.diff import (
+from rngaudit.capture.callsite import format_site
+from rngaudit.reports.files import finite
+from rngaudit.reports.report_text import (
+    WIDTH,
+    _event_summary,
+    _run_line,
+    markdown_code,
+    markdown_text,
+    wrap,
+)
+from rngaudit.reports.run_diff import (
     DIFFERENT_COUNT,
     DIFFERENT_EVENT,
     DIFFERENT_STATE,
@@ -18,16 +27,7 @@ from rngaudit.diff import (
     SiteChange,
     ranks_label,
 )
-from rngaudit.records import Event
-from rngaudit.render import (
-    WIDTH,
-    _event_summary,
-    _run_line,
-    markdown_code,
-    markdown_text,
-    wrap,
-)
-from rngaudit.report_write import finite
+from rngaudit.schema import Event
 
 _INDENT = "  "
 _LABEL = 17
@@ -60,7 +60,7 @@ def render_diff_text(diff: RunDiff, *, width: int = WIDTH) -> str:
 
 def render_diff_markdown(diff: RunDiff) -> str:
     """The text comparison's content as Markdown (text from the reports escaped: nothing of it
-    is live, see :func:`rngaudit.render.markdown_text`)."""
+    is live, see :func:`rngaudit.reports.report_text.markdown_text`)."""
     lines = [
         f"# rngaudit diff: {verdict(diff)}",
         "",

@@ -12,10 +12,12 @@ from dataclasses import dataclass
 from threading import current_thread
 from typing import Any
 
-from rngaudit import callsite, fingerprint, forksafe, naming, records
+from rngaudit import forksafe
+from rngaudit import schema as records
+from rngaudit.capture import callsite, fingerprint, naming
+from rngaudit.capture.event_log import ITERATION, PRE_ITERATION, Event, EventLog, SamplerInfo
+from rngaudit.capture.patching import PatchSet
 from rngaudit.errors import RNGAuditError
-from rngaudit.events import ITERATION, PRE_ITERATION, Event, EventLog, SamplerInfo
-from rngaudit.patching import PatchSet
 
 log = logging.getLogger("rngaudit")
 
@@ -56,7 +58,7 @@ class Recorder:
         self._fork_handler = False
         self._thread_windows: dict[int, list[Window]] = {}  # thread ident -> its open windows
         self.torch: Any = None  # the TorchInstrumentation while installed (per-thread modes)
-        # Installs the instrumentation for an outermost window (rngaudit.instrument
+        # Installs the instrumentation for an outermost window (rngaudit.capture.instrument
         # registers it: the recorder does not import the instrumentation).
         self.installer: Callable[[Recorder], None] | None = None
 

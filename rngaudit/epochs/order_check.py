@@ -2,7 +2,7 @@
 
 Two class-level wrappers, installed while something is watched:
 - ``BatchSamplerShard.__iter__`` (accelerate): tees the batches of the order *before* sharding
-  into an :class:`~rngaudit.sharding.OrderTape`, and records the sampler draws made while the
+  into an :class:`~rngaudit.epochs.sharding.OrderTape`, and records the sampler draws made while the
   first batch is pulled (a short recording window), so a divergence names its draw.
 - ``_BaseDataLoaderIter.__next__`` (torch, and torchdata's stateful iterators through it): at
   the first batch of each epoch of a sharded loader, before the batch is returned, the ranks
@@ -22,15 +22,19 @@ from typing import Any, cast
 
 import wrapt
 
-from rngaudit import epoch_rules, exchange, forksafe, partition, peek, records, sharding
+from rngaudit import forksafe, peek
+from rngaudit import schema as records
+from rngaudit.capture.event_log import DRAW
+from rngaudit.capture.instrument import loaders as instrument_loaders
+from rngaudit.capture.patching import PatchSet
+from rngaudit.capture.recorder import RECORDER
 from rngaudit.config import Settings
-from rngaudit.events import DRAW
+from rngaudit.epochs import order_rules as epoch_rules
+from rngaudit.epochs import partition, sharding
 from rngaudit.findings import Finding
-from rngaudit.instrument import loaders as instrument_loaders
-from rngaudit.patching import PatchSet
-from rngaudit.recorder import RECORDER
-from rngaudit.report import AuditReport
-from rngaudit.session import act
+from rngaudit.ranks import exchange
+from rngaudit.ranks.session import act
+from rngaudit.reports.model import AuditReport
 
 log = logging.getLogger("rngaudit")
 
@@ -40,7 +44,7 @@ class Watch:
     """How to act on one loader's checks."""
 
     settings: Settings
-    session: Any  # rngaudit.session.Session
+    session: Any  # rngaudit.ranks.session.Session
     every_epoch: bool
 
 
@@ -290,7 +294,7 @@ class EpochGuard:
         self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kw: dict[str, Any]
     ) -> Any:
         """Every index batch a map-style sharded loader draws (main process, also with
-        workers): observed into this epoch's :class:`~rngaudit.partition.Tape`."""
+        workers): observed into this epoch's :class:`~rngaudit.epochs.partition.Tape`."""
         if instance is None or RECORDER.busy():
             return wrapped(*args, **kw)
         state = instance.__dict__

@@ -13,15 +13,17 @@ from contextlib import ContextDecorator
 from types import TracebackType
 from typing import Any, TypedDict, TypeVar
 
-from rngaudit import config, epoch_check, exchange, peek, session
-from rngaudit import instrument as instrumentation  # noqa: F401  (registers the installer)
-from rngaudit.callsite import here
+from rngaudit import config, peek
+from rngaudit.capture import instrument as instrumentation  # noqa: F401  (registers the installer)
+from rngaudit.capture.callsite import here
+from rngaudit.capture.instrument import torch_ops as instrument_torch
+from rngaudit.capture.recorder import RECORDER, Window
+from rngaudit.epochs import order_check as epoch_check
 from rngaudit.errors import RNGAuditError
 from rngaudit.findings import Finding
-from rngaudit.instrument import torch_ops as instrument_torch
-from rngaudit.recorder import RECORDER, Window
-from rngaudit.report import AuditReport
-from rngaudit.session import act
+from rngaudit.ranks import exchange, session
+from rngaudit.ranks.session import act
+from rngaudit.reports.model import AuditReport
 
 log = logging.getLogger("rngaudit")
 _F = TypeVar("_F", bound=Callable[..., Any])

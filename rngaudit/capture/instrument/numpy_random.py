@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rngaudit import fingerprint, naming
-from rngaudit.callsite import Stack
-from rngaudit.events import CREATE, DRAW, SEED, STATE
-from rngaudit.recorder import GenInfo, Recorder
+from rngaudit.capture import fingerprint, naming
+from rngaudit.capture.callsite import Stack
+from rngaudit.capture.event_log import CREATE, DRAW, SEED, STATE
+from rngaudit.capture.recorder import GenInfo, Recorder
 
 DRAWS = (
     "rand", "randn", "randint", "random", "random_sample", "ranf", "sample", "choice",

@@ -13,7 +13,7 @@ from typing import Any
 import wrapt
 
 from rngaudit import forksafe
-from rngaudit.callsite import MARKED_CODES
+from rngaudit.capture.callsite import MARKED_CODES
 
 log = logging.getLogger("rngaudit")
 

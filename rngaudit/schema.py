@@ -37,7 +37,7 @@ class AggregateDict(TypedDict):
 class _EventBase(TypedDict):
     seq: int
     audit: int
-    generator: str  # named by rngaudit.naming
+    generator: str  # named by rngaudit.capture.naming
     op: str
     kind: str  # events.DRAW, SEED, STATE or CREATE
     call_site: CallSiteDict | None

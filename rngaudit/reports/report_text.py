@@ -9,12 +9,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TextIO
 
-from rngaudit.callsite import format_site
-from rngaudit.events import DRAW, PRE_ITERATION
+from rngaudit.capture.callsite import format_site
+from rngaudit.capture.event_log import DRAW, PRE_ITERATION
 from rngaudit.findings import Finding, format_ranks
-from rngaudit.records import AuditDict, Event, Loader
-from rngaudit.report import AuditReport
-from rngaudit.report_write import finite
+from rngaudit.reports.files import finite
+from rngaudit.reports.model import AuditReport
+from rngaudit.schema import AuditDict, Event, Loader
 
 WIDTH = 100
 MAX_TIMELINE_ROWS = 60

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rngaudit.findings import Finding, verdict_of
-from rngaudit.records import AuditDict, RankRecord, ReportDict
+from rngaudit.schema import AuditDict, RankRecord, ReportDict
 
 SCHEMA_VERSION = 1
 

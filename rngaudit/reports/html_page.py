@@ -6,11 +6,18 @@ import html
 import json
 from collections.abc import Callable, Iterator
 
-from rngaudit.diff import RankDiff, RunDiff, event_key, ordered_events, ranks_label
-from rngaudit.events import DRAW
+from rngaudit.capture.event_log import DRAW
 from rngaudit.findings import Finding, format_ranks
-from rngaudit.records import Event, Loader, RankRecord
-from rngaudit.render import (
+from rngaudit.reports.diff_text import (
+    change_line,
+    divergent_events,
+    event_line,
+    event_where,
+    rank_heading,
+    verdict,
+)
+from rngaudit.reports.model import AuditReport
+from rngaudit.reports.report_text import (
     _audit_suffix,
     _counts,
     _divergence_note,
@@ -23,15 +30,8 @@ from rngaudit.render import (
     _timeline_title,
     _timelines,
 )
-from rngaudit.render_diff import (
-    change_line,
-    divergent_events,
-    event_line,
-    event_where,
-    rank_heading,
-    verdict,
-)
-from rngaudit.report import AuditReport
+from rngaudit.reports.run_diff import RankDiff, RunDiff, event_key, ordered_events, ranks_label
+from rngaudit.schema import Event, Loader, RankRecord
 
 FOLD_MIN = 2  # equal positions in a row that are folded into one <details>
 MAX_ROWS = 400  # positions shown per timeline (the page stays small for huge runs)

@@ -1,0 +1,1 @@
+"""What runs inside training: the recorder, its instrumentation, call sites, fingerprints, names."""

@@ -1,0 +1,1 @@
+"""What reads reports offline: the report model, its files, loading, diffs, renderers."""
