@@ -2,19 +2,48 @@
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from rngaudit.errors import RNGAuditError as RNGAuditError
 from rngaudit.errors import RNGAuditStoreError as RNGAuditStoreError
 from rngaudit.errors import RNGAuditTimeoutError as RNGAuditTimeoutError
 from rngaudit.errors import RNGAuditWarning as RNGAuditWarning
 from rngaudit.errors import RNGDivergenceError as RNGDivergenceError
 from rngaudit.errors import WorkerDuplicateStreamError as WorkerDuplicateStreamError
-from rngaudit.findings import Finding as Finding
-from rngaudit.reports.files import flush as wait_for_reports
-from rngaudit.reports.model import AuditReport as AuditReport
-from rngaudit.with_block import Audit as Audit
-from rngaudit.with_block import audit as audit
+
+if TYPE_CHECKING:
+    from rngaudit.findings import Finding as Finding
+    from rngaudit.reports.files import flush as wait_for_reports
+    from rngaudit.reports.model import AuditReport as AuditReport
+    from rngaudit.with_block import Audit as Audit
+    from rngaudit.with_block import audit as audit
 
 __version__ = "0.1.0"
+
+# The public names that need the engine are imported on first use, so that `import rngaudit`
+# (and the CLI, which reads only reports) loads no instrumentation.
+_LAZY = {
+    "Audit": ("rngaudit.with_block", "Audit"),
+    "audit": ("rngaudit.with_block", "audit"),
+    "AuditReport": ("rngaudit.reports.model", "AuditReport"),
+    "Finding": ("rngaudit.findings", "Finding"),
+    "wait_for_reports": ("rngaudit.reports.files", "flush"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'rngaudit' has no attribute {name!r}")
+    module, attribute = _LAZY[name]
+    value = getattr(importlib.import_module(module), attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "Audit",

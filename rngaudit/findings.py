@@ -104,16 +104,3 @@ def verdict_of(findings: list[Finding]) -> str:
     if "warning" in severities:
         return "warning"
     return "ok"
-
-
-def format_ranks(ranks: list[int]) -> str:
-    """``0-3, 5, 6``: sorted, with runs of three or more consecutive ranks as ranges."""
-    parts: list[str] = []
-    ordered = sorted(set(ranks))
-    start = 0
-    for i, rank in enumerate(ordered):
-        if i + 1 == len(ordered) or ordered[i + 1] != rank + 1:
-            run = ordered[start : i + 1]
-            parts += [f"{run[0]}-{rank}"] if len(run) > 2 else [str(r) for r in run]
-            start = i + 1
-    return ", ".join(parts)

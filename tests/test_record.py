@@ -10,8 +10,8 @@ import torch
 
 import rngaudit
 from rngaudit import schema as records
-from rngaudit.capture.event_log import DRAW, PRE_ITERATION
 from rngaudit.capture.rank_record import merge_deferred
+from rngaudit.schema import DRAW, PRE_ITERATION
 
 
 def _event(seq: int, audit: int) -> records.Event:

@@ -18,8 +18,7 @@ from typing import Any, cast
 import pytest
 from samples import DATA, EXTRA_DRAW, GOLDEN, PREPARE, check_golden
 
-from rngaudit.capture.callsite import format_site, short_path
-from rngaudit.findings import Finding, format_ranks
+from rngaudit.findings import Finding
 from rngaudit.reports.load import load_report_dir
 from rngaudit.reports.model import AuditReport
 from rngaudit.reports.report_text import (
@@ -31,6 +30,7 @@ from rngaudit.reports.report_text import (
     render_text,
 )
 from rngaudit.schema import CallSiteDict, Event, Loader, RankRecord
+from rngaudit.wording import format_ranks, format_site, short_path
 
 RENDERERS = {"txt": render_text, "md": render_markdown, "json": render_json}
 

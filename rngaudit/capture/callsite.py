@@ -5,12 +5,11 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
-from collections.abc import Mapping
-from pathlib import PurePosixPath
 from types import CodeType, FrameType
 from typing import Any, NamedTuple
 
 from rngaudit import schema as records
+from rngaudit.wording import format_site
 
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # rngaudit/
 
@@ -76,30 +75,6 @@ class CallSite(NamedTuple):
 
     def short(self) -> str:
         return format_site(self.to_dict())
-
-
-_PACKAGE_DIRS = ("site-packages/", "dist-packages/")
-
-
-def short_path(file: str) -> str:
-    """``torch/utils/data/sampler.py`` for installed packages, the base name for user files."""
-    posix = file.replace("\\", "/")
-    for marker in _PACKAGE_DIRS:
-        if marker in posix:
-            return posix.rsplit(marker, 1)[1]
-    if posix.startswith("<"):  # <string>, <frozen runpy>, <stdin>
-        return posix
-    return PurePosixPath(posix).name or posix
-
-
-def format_site(site: Mapping[str, Any] | None, *, function: bool = True) -> str:
-    """A call site as ``file:line in function`` with the file shortened; ``""`` for none."""
-    if not site:
-        return ""
-    text = f"{short_path(str(site.get('file', '?')))}:{site.get('line', '?')}"
-    if function and site.get("function"):
-        text += f" in {site['function']}"
-    return text
 
 
 class Stack(NamedTuple):

@@ -11,9 +11,12 @@ from typing import Any
 from rngaudit import forksafe
 from rngaudit import schema as records
 from rngaudit.capture.callsite import CallSite
-
-DRAW, SEED, STATE, CREATE = "draw", "seed", "state", "create"  # event kinds
-PRE_ITERATION, ITERATION = "pre-iteration", "iteration"  # event phases
+from rngaudit.schema import CREATE as CREATE
+from rngaudit.schema import DRAW as DRAW
+from rngaudit.schema import ITERATION as ITERATION
+from rngaudit.schema import PRE_ITERATION as PRE_ITERATION
+from rngaudit.schema import SEED as SEED
+from rngaudit.schema import STATE as STATE
 
 
 @dataclass

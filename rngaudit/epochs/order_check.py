@@ -24,7 +24,6 @@ import wrapt
 
 from rngaudit import forksafe, peek
 from rngaudit import schema as records
-from rngaudit.capture.event_log import DRAW
 from rngaudit.capture.instrument import loaders as instrument_loaders
 from rngaudit.capture.patching import PatchSet
 from rngaudit.capture.recorder import RECORDER
@@ -35,6 +34,7 @@ from rngaudit.findings import Finding
 from rngaudit.ranks import exchange
 from rngaudit.ranks.session import act
 from rngaudit.reports.model import AuditReport
+from rngaudit.schema import DRAW
 
 log = logging.getLogger("rngaudit")
 

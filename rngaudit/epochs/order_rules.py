@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from rngaudit import findings as fk
-from rngaudit.capture.callsite import format_site
 from rngaudit.epochs import partition
-from rngaudit.findings import Finding, format_ranks
+from rngaudit.findings import Finding
 from rngaudit.schema import EpochRecord, SamplerDraw
+from rngaudit.wording import format_ranks, format_site
 
 ORDER_REMEDY = (
     "Make the order every rank shards come from state that is identical on every rank: give "

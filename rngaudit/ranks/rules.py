@@ -12,12 +12,11 @@ from rngaudit import config
 from rngaudit import findings as fk
 from rngaudit.capture import framework as run_kind
 from rngaudit.capture import naming
-from rngaudit.capture.callsite import format_site
-from rngaudit.capture.event_log import DRAW, PRE_ITERATION, SEED
 from rngaudit.epochs import order_rules as epoch_rules
 from rngaudit.epochs import partition
-from rngaudit.findings import Finding, format_ranks
-from rngaudit.schema import CallSiteDict, Event, RankRecord, SamplerDict
+from rngaudit.findings import Finding
+from rngaudit.schema import DRAW, PRE_ITERATION, SEED, CallSiteDict, Event, RankRecord, SamplerDict
+from rngaudit.wording import format_ranks, format_site
 
 UNSEEN = "<not loaded>"  # a generator absent at entry and never drawn from
 

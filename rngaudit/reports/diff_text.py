@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-from rngaudit.capture.callsite import format_site
 from rngaudit.reports.files import finite
 from rngaudit.reports.report_text import (
     WIDTH,
@@ -28,6 +27,7 @@ from rngaudit.reports.run_diff import (
     ranks_label,
 )
 from rngaudit.schema import Event
+from rngaudit.wording import format_site
 
 _INDENT = "  "
 _LABEL = 17

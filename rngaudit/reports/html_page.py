@@ -6,8 +6,7 @@ import html
 import json
 from collections.abc import Callable, Iterator
 
-from rngaudit.capture.event_log import DRAW
-from rngaudit.findings import Finding, format_ranks
+from rngaudit.findings import Finding
 from rngaudit.reports.diff_text import (
     change_line,
     divergent_events,
@@ -31,7 +30,8 @@ from rngaudit.reports.report_text import (
     _timelines,
 )
 from rngaudit.reports.run_diff import RankDiff, RunDiff, event_key, ordered_events, ranks_label
-from rngaudit.schema import Event, Loader, RankRecord
+from rngaudit.schema import DRAW, Event, Loader, RankRecord
+from rngaudit.wording import format_ranks
 
 FOLD_MIN = 2  # equal positions in a row that are folded into one <details>
 MAX_ROWS = 400  # positions shown per timeline (the page stays small for huge runs)

@@ -13,10 +13,11 @@ from typing import Any, NamedTuple, cast
 
 from rngaudit import schema as records
 from rngaudit.errors import ReportError
-from rngaudit.findings import RANK_MISSING, SEVERITIES, Finding, format_ranks
+from rngaudit.findings import RANK_MISSING, SEVERITIES, Finding
 from rngaudit.reports import files as report_files
 from rngaudit.reports.files import MERGED_FILE, RANK_FILE
 from rngaudit.reports.model import SCHEMA_VERSION, AuditReport
+from rngaudit.wording import format_ranks
 
 _RANK_PREFIX, _RANK_SUFFIX = RANK_FILE.split("{rank}")
 

@@ -9,12 +9,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TextIO
 
-from rngaudit.capture.callsite import format_site
-from rngaudit.capture.event_log import DRAW, PRE_ITERATION
-from rngaudit.findings import Finding, format_ranks
+from rngaudit.findings import Finding
 from rngaudit.reports.files import finite
 from rngaudit.reports.model import AuditReport
-from rngaudit.schema import AuditDict, Event, Loader
+from rngaudit.schema import DRAW, PRE_ITERATION, AuditDict, Event, Loader
+from rngaudit.wording import format_ranks, format_site
 
 WIDTH = 100
 MAX_TIMELINE_ROWS = 60

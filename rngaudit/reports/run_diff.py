@@ -8,12 +8,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rngaudit.capture.callsite import format_site
-from rngaudit.capture.event_log import DRAW
-from rngaudit.findings import format_ranks
 from rngaudit.reports.load import load_report_dir
 from rngaudit.reports.model import AuditReport
-from rngaudit.schema import Event, Loader, RankRecord
+from rngaudit.schema import DRAW, Event, Loader, RankRecord
+from rngaudit.wording import format_ranks, format_site
 
 LOOKAHEAD = 32  # how far ahead an event is searched for before two events count as different
 BEFORE = 3  # common events shown before the first divergence

@@ -10,9 +10,9 @@ from collections.abc import Callable
 from typing import Any
 
 from rngaudit.capture import callsite, naming
-from rngaudit.capture.event_log import CREATE, DRAW
 from rngaudit.capture.patching import PatchSet
 from rngaudit.capture.recorder import GenInfo, Recorder
+from rngaudit.schema import CREATE, DRAW
 from rngaudit.workers import probe
 
 log = logging.getLogger("rngaudit")

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rngaudit.capture.callsite import format_site
+from rngaudit.wording import format_site
 
 DRAWS = "draws"  # evidence: a call site drew from the same generator state in two workers
 STATE = "state"  # evidence: a generator advanced from the same state to the same state
