@@ -7,7 +7,7 @@ from typing import Any
 
 from rngaudit.schema import CallSiteDict, FindingDict
 
-SEVERITIES = ("info", "warning", "error")
+SEVERITIES = ("info", "warning", "error")  # the one severity order, mildest first
 
 # Finding kinds are part of the public contract (report files and docs name them).
 SAMPLER_DRAW_DIVERGENCE = "sampler-draw-divergence"
@@ -80,6 +80,11 @@ class Finding:
             out["details"] = self.details
         return out
 
+    def key(self) -> tuple[str, str, str]:
+        """What the finding is about: its kind, and the dataset and path it names (if any)."""
+        details = self.details
+        return (self.kind, str(details.get("dataset", "")), str(details.get("path", "")))
+
     @classmethod
     def from_dict(cls, data: FindingDict) -> Finding:
         return cls(
@@ -94,6 +99,17 @@ class Finding:
             audit=int(data.get("audit", 0)),
             details=dict(data.get("details", {})),
         )
+
+
+def severity_rank(severity: str) -> int:
+    """A severity's place in :data:`SEVERITIES` (-1 for anything else, ``ok`` included)."""
+    return SEVERITIES.index(severity) if severity in SEVERITIES else -1
+
+
+def worst(a: str | None, b: str | None) -> str:
+    """The worse of two verdicts or severities; ``ok`` when neither is a severity."""
+    ranked = [v for v in (a, b) if v in SEVERITIES]
+    return max(ranked, key=severity_rank) if ranked else "ok"
 
 
 def verdict_of(findings: list[Finding]) -> str:

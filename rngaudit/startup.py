@@ -78,7 +78,7 @@ def _watch_worker_loop(module: Any) -> None:
     """
     import multiprocessing
 
-    if multiprocessing.current_process().name == "MainProcess" or module in PATCHES.owners():
+    if multiprocessing.current_process().name == "MainProcess" or PATCHES.replaced(module):
         return
     PATCHES.wrap(module, "_worker_loop", _detach_first)
 

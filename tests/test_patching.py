@@ -248,3 +248,40 @@ def intercepting_python() -> bool:
     import random
 
     return isinstance(random.random, wrapt.FunctionWrapper)
+
+
+def test_replaced_asks_whether_this_ledger_wrapped_an_attribute() -> None:
+    class Owner:
+        def method(self) -> int:
+            return 1
+
+    patches, other = PatchSet(), PatchSet()
+    other.wrap(Owner, "method", lambda wrapped, instance, args, kwargs: wrapped(*args, **kwargs))
+    assert not patches.replaced(Owner, "method") and other.replaced(Owner, "method")
+    patches.wrap(Owner, "method", lambda wrapped, instance, args, kwargs: wrapped(*args, **kwargs))
+    assert patches.replaced(Owner, "method") and patches.replaced(Owner)
+    assert not patches.replaced(Owner, "other")
+    patches.undo()
+    other.undo()
+    assert not patches.replaced(Owner) and Owner().method() == 1
+
+
+def test_the_order_check_installs_over_another_librarys_wrapt_wrapper() -> None:
+    import torch.utils.data.dataloader as dl
+
+    cls = dl._BaseDataLoaderIter
+    original = cls.__dict__["__next__"]
+    foreign = wrapt.FunctionWrapper(original, lambda w, i, a, k: w(*a, **k))
+    cls.__next__ = foreign  # type: ignore[method-assign]
+    guard = epoch_check.EpochGuard()
+    try:
+        guard.install()
+        ours = cls.__dict__["__next__"]
+        assert ours is not foreign and ours.__wrapped__ is foreign  # wrapped, not skipped
+        guard._on_import(dl)  # a second import hook call wraps nothing twice
+        assert cls.__dict__["__next__"] is ours
+        guard.uninstall()
+        assert cls.__dict__["__next__"] is foreign
+    finally:
+        guard.uninstall()
+        cls.__next__ = original  # type: ignore[method-assign]

@@ -92,9 +92,13 @@ class PatchSet:
         """What is recorded now, oldest first."""
         return list(self._applied)
 
-    def owners(self) -> list[Any]:
-        """The objects with a replaced attribute."""
-        return [e.owner for e in self._applied if e.kind == ATTR]
+    def replaced(self, owner: Any, name: str | None = None) -> bool:
+        """Whether this ledger replaced ``owner.name`` (any attribute of ``owner`` when ``name``
+        is None): "already wrapped by us", whatever another library wrapped around it."""
+        return any(
+            e.kind == ATTR and e.owner is owner and (name is None or e.name == name)
+            for e in self._applied
+        )
 
     def undo(self) -> None:
         """Undo everything, last first; a failing step is logged and the rest still undone.

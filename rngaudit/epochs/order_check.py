@@ -12,8 +12,6 @@ Two class-level wrappers, installed while something is watched:
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import weakref
 from collections.abc import Callable, Iterator
@@ -179,16 +177,16 @@ class EpochGuard:
             name = getattr(module, "__name__", "")
             if name == "torch.utils.data.dataloader":
                 cls = module._BaseDataLoaderIter
-                if not isinstance(cls.__dict__.get("__next__"), wrapt.FunctionWrapper):
+                if not self.patches.replaced(cls, "__next__"):
                     self.patches.wrap(cls, "__next__", self._next)
-                if not isinstance(cls.__dict__.get("_next_index"), wrapt.FunctionWrapper):
+                if not self.patches.replaced(cls, "_next_index"):
                     self.patches.wrap(cls, "_next_index", self._next_index)
             elif name == "accelerate.data_loader":
                 cls = module.BatchSamplerShard
-                if not isinstance(cls.__dict__.get("__iter__"), wrapt.FunctionWrapper):
+                if not self.patches.replaced(cls, "__iter__"):
                     self.patches.wrap(cls, "__iter__", self._shard_iter)
                 stream = module.IterableDatasetShard
-                if not isinstance(stream.__dict__.get("__iter__"), wrapt.FunctionWrapper):
+                if not self.patches.replaced(stream, "__iter__"):
                     self.patches.wrap(stream, "__iter__", self._stream_iter)
 
     def uninstall(self) -> None:
@@ -383,9 +381,7 @@ class EpochGuard:
         the rank: equal ranks form one group, and each rank fetches one record per group
         (O(groups), not O(world), per rank and check)."""
         comparable = {k: v for k, v in record.items() if k not in ("rank", "signature")}
-        record["signature"] = hashlib.blake2b(
-            json.dumps(comparable, sort_keys=True, default=str).encode(), digest_size=12
-        ).hexdigest()
+        record["signature"] = exchange.signature(comparable)
         where = exchange.distributed()
         record["rank"] = where[0] if where is not None else 0
         info = {"label": f"{what} check of {record['loader']}", "mode": watch.settings.mode}

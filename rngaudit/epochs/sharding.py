@@ -12,20 +12,13 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from rngaudit import peek
+from rngaudit import library_samplers, peek
+from rngaudit.capture.fingerprint import digest_bytes
 from rngaudit.schema import SamplerDraw
 
 _MAX_CHAIN = 8
 _MAX_DATASET_DEPTH = 8
 PREFIX_BATCHES = 64  # batches of the pre-shard order digested per epoch
-
-# Samplers whose order is random by design (a repeated order across epochs is suspicious).
-SHUFFLING = (
-    "RandomSampler",
-    "SeedableRandomSampler",
-    "SubsetRandomSampler",
-    "WeightedRandomSampler",
-)
 
 
 def _class_name(obj: Any) -> str:
@@ -83,7 +76,7 @@ def is_shuffling(nodes: list[Any]) -> bool:
     for node in nodes:
         if is_distributed_sampler(node):
             return bool(peek.flag(peek.attr(node, "shuffle")))
-        if _class_name(node) in SHUFFLING:
+        if _class_name(node) in library_samplers.SHUFFLING:
             return True
     return False
 
@@ -188,10 +181,10 @@ def _digest_indices(indices: Any) -> str:
         torch = sys.modules.get("torch")
         if torch is not None and isinstance(indices, torch.Tensor):
             data = indices.detach().cpu().contiguous().numpy().tobytes()
-            return f"{zlib.crc32(data):08x}"
+            return digest_bytes(data)
         numpy = sys.modules.get("numpy")
         if numpy is not None and isinstance(indices, numpy.ndarray):
-            return f"{zlib.crc32(numpy.ascontiguousarray(indices).tobytes()):08x}"
+            return digest_bytes(numpy.ascontiguousarray(indices).tobytes())
         if isinstance(indices, list | tuple):
             import array
 
@@ -199,7 +192,7 @@ def _digest_indices(indices: Any) -> str:
                 data = array.array("q", (int(i) for i in indices)).tobytes()
             except (TypeError, ValueError, OverflowError):
                 data = repr(indices).encode()
-            return f"{zlib.crc32(data):08x}"
+            return digest_bytes(data)
     except Exception:  # a tensor subclass or element that cannot be read: unknown
         pass
     return f"unknown:{type(indices).__name__}"
@@ -305,7 +298,7 @@ class OrderTape:
                     data = repr(batch).encode()
                 except Exception:
                     data = type(batch).__name__.encode()
-            self.batches.append(f"{zlib.crc32(data):08x}")
+            self.batches.append(digest_bytes(data))
 
 
 def distributed_sampler_state(sampler: Any) -> dict[str, Any]:

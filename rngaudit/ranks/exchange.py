@@ -677,3 +677,10 @@ def _result(
         interrupted=[int(decision["by"])] if kind == "interrupted" else [],
         why=str(decision.get("why") or "KeyboardInterrupt"),
     )
+
+
+def signature(payload: Any) -> str:
+    """The digest equal ranks share (blake2b of the payload as sorted JSON): the store holds,
+    and each rank fetches, one record per signature group."""
+    data = json.dumps(payload, sort_keys=True, default=str).encode("utf-8")
+    return hashlib.blake2b(data, digest_size=12).hexdigest()

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
-from rngaudit import config
+from rngaudit import config, library_samplers
 from rngaudit import findings as fk
 from rngaudit.capture import framework as run_kind
 from rngaudit.capture import naming
 from rngaudit.epochs import order_rules as epoch_rules
 from rngaudit.epochs import partition
 from rngaudit.findings import Finding
+from rngaudit.ranks import exchange
 from rngaudit.schema import DRAW, PRE_ITERATION, SEED, CallSiteDict, Event, RankRecord, SamplerDict
 from rngaudit.wording import format_ranks, format_site
 
@@ -48,16 +47,9 @@ def _sampler_remedy(kind: str, own: bool) -> str:
     )
 
 
-KNOWN_SAMPLERS = (
-    "RandomSampler", "SequentialSampler", "SubsetRandomSampler", "WeightedRandomSampler",
-    "BatchSampler", "DistributedSampler", "SeedableRandomSampler", "BatchSamplerShard",
-    "SkipBatchSampler", "IterableDatasetShard", "StatefulDistributedSampler",
-)  # fmt: skip
-
-
 def _known_sampler(chain: str) -> bool:
     """Whether the innermost sampler of a chain is a library's (not the user's own)."""
-    return chain.rsplit(" > ", 1)[-1].strip() in KNOWN_SAMPLERS
+    return chain.rsplit(" > ", 1)[-1].strip() in library_samplers.LIBRARY
 
 
 CONSUMPTION_REMEDY = (
@@ -130,8 +122,7 @@ def signature(record: RankRecord) -> str:
     datasets = [loader["samples"] for loader in record.get("loaders", []) if "samples" in loader]
     if datasets:  # the root samples of the loaders' datasets (a per-rank split or shard)
         payload.append(datasets)
-    data = json.dumps(payload, sort_keys=True, default=str).encode("utf-8")
-    return hashlib.blake2b(data, digest_size=12).hexdigest()
+    return exchange.signature(payload)
 
 
 _V = TypeVar("_V")

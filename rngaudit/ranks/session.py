@@ -394,16 +394,8 @@ class Session:
     def add_finding(self, finding: Finding) -> None:
         """A finding that arrives after its audit (DataLoader worker checks)."""
         with self._lock:
-            self.findings = [
-                f
-                for f in self.findings
-                if not (
-                    f.kind == finding.kind
-                    and f.details.get("path") == finding.details.get("path")
-                    and f.details.get("path") is not None
-                    and f.details.get("dataset") == finding.details.get("dataset")
-                )
-            ]
+            if finding.details.get("path") is not None:  # a later check of the same path
+                self.findings = [f for f in self.findings if f.key() != finding.key()]
             self.findings.append(finding)
             self.write()
 

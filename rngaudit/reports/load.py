@@ -13,7 +13,7 @@ from typing import Any, NamedTuple, cast
 
 from rngaudit import schema as records
 from rngaudit.errors import ReportError
-from rngaudit.findings import RANK_MISSING, SEVERITIES, Finding
+from rngaudit.findings import RANK_MISSING, SEVERITIES, Finding, worst
 from rngaudit.reports import files as report_files
 from rngaudit.reports.files import MERGED_FILE, RANK_FILE
 from rngaudit.reports.model import SCHEMA_VERSION, AuditReport
@@ -92,7 +92,6 @@ _TYPE_NAMES = {
     int: "an integer",
     bool: "a boolean",
 }
-_VERDICT_ORDER = ("ok", "info", "warning", "error")
 
 
 def find_report_files(directory: str | os.PathLike[str]) -> list[Path]:
@@ -246,7 +245,7 @@ def _merge(rank_files: list[_RankFile]) -> AuditReport:
                 findings.append(finding)
         for audit in rank_file.audits:
             merged = audits.setdefault(audit["index"], audit.copy())
-            merged["verdict"] = _worst(merged.get("verdict"), audit.get("verdict"))
+            merged["verdict"] = worst(merged.get("verdict"), audit.get("verdict"))
 
     present = {rank_file.rank for rank_file in rank_files}
     noted = {r for f in findings if f.kind == RANK_MISSING for r in f.ranks}
@@ -285,11 +284,6 @@ def _rank_missing_finding(missing: list[int], world_size: int) -> Finding:
             "and write to the same RNGAUDIT_REPORT_DIR (a shared file system across nodes)."
         ),
     )
-
-
-def _worst(a: str | None, b: str | None) -> str:
-    ranked = [v for v in (a, b) if v in _VERDICT_ORDER]
-    return max(ranked, key=_VERDICT_ORDER.index) if ranked else "ok"
 
 
 def _read_object(path: Path, shape: _Shape) -> dict[str, Any]:

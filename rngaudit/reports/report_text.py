@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TextIO
 
-from rngaudit.findings import Finding
+from rngaudit.findings import SEVERITIES, Finding
 from rngaudit.reports.files import finite
 from rngaudit.reports.model import AuditReport
 from rngaudit.schema import DRAW, PRE_ITERATION, AuditDict, Event, Loader
@@ -190,7 +190,7 @@ def _counts(findings: list[Finding]) -> str:
         return "no findings"
     counts = [
         f"{n} {severity}{'s' if n > 1 else ''}"
-        for severity in ("error", "warning", "info")
+        for severity in reversed(SEVERITIES)
         if (n := sum(f.severity == severity for f in findings))
     ]
     noun = "finding" if len(findings) == 1 else "findings"

@@ -16,7 +16,12 @@ from rngaudit import forksafe
 from rngaudit.capture.patching import PatchSet
 from rngaudit.config import MODES
 from rngaudit.errors import ConfigError, RNGAuditWarning, WorkerDuplicateStreamError
-from rngaudit.findings import PERSISTENT_WORKER_STREAM, WORKER_DUPLICATE_STREAM, Finding
+from rngaudit.findings import (
+    PERSISTENT_WORKER_STREAM,
+    WORKER_DUPLICATE_STREAM,
+    Finding,
+    severity_rank,
+)
 from rngaudit.ranks import exchange
 from rngaudit.workers import evidence
 from rngaudit.workers.draws import DRAW_PREFIX
@@ -32,7 +37,6 @@ TARGETS = (
 
 _CHECK_ATTR = "_rngaudit_worker_check"
 _MARKER_ATTR = "_rngaudit_first_batch_check"
-_SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2}
 
 REMEDY = (
     "Do not build the generator in the parent process. Either (1) set it to None in "
@@ -84,7 +88,7 @@ def _dispatch_init(
 def _patch(module: object, target: str) -> None:
     class_name = target.split(".")[0]
     parent = getattr(module, class_name, None)
-    if parent is not None and all(owner is not parent for owner in PATCHES.owners()):
+    if parent is not None and not PATCHES.replaced(parent):
         PATCHES.wrap_path(module, target, _dispatch_init)
 
 
@@ -628,15 +632,11 @@ class WorkerMonitor:
         for finding in findings:
             if finding.severity == "error":
                 errors.append(finding)
-            key = (
-                finding.kind,
-                str(finding.details.get("dataset", "")),
-                str(finding.details.get("path", "")),
-            )
+            key = finding.key()
             with self._lock:
                 previous = self._emitted.get(key)
                 if previous is not None and (
-                    _SEVERITY_RANK[previous.severity] >= _SEVERITY_RANK[finding.severity]
+                    severity_rank(previous.severity) >= severity_rank(finding.severity)
                 ):
                     continue
                 self._emitted[key] = finding

@@ -22,7 +22,7 @@ def install(rec: Recorder) -> None:
         cls = getattr(sys.modules.get(module_name), cls_name, None)
         if cls is None or "__init__" not in cls.__dict__:
             continue
-        if any(owner is cls for owner in rec.patches.owners()):
+        if rec.patches.replaced(cls, "__init__"):
             continue
         rec.patches.wrap(cls, "__init__", _register(rec))
 
