@@ -90,7 +90,7 @@ def client(args: argparse.Namespace) -> None:
         if 0 in mine:
             t = time.perf_counter()
             result = exchange.exchange_on(
-                store, 0, args.world, recs[0], key, TIMEOUT,
+                exchange.Seat(store, 0, args.world), recs[0], key, TIMEOUT,
                 info={"label": "bench", "mode": "raise"}, report_all=True, payload=payloads[0],
             )  # fmt: skip
             t_exchange = time.perf_counter()
@@ -118,7 +118,7 @@ def client(args: argparse.Namespace) -> None:
             t = time.perf_counter()
             rec = dict(recs[r % args.groups], rank=r)
             exchange.collect(
-                store, r, args.world, rec, key, TIMEOUT, written=published[r][1]
+                exchange.Seat(store, r, args.world), rec, key, TIMEOUT, written=published[r][1]
             )  # the verdict needs the decision and one record per group
             exits[r] = published[r][0] + time.perf_counter() - t
         rounds.append({"exits": sorted(exits.values()), "rank0": rank0})

@@ -278,10 +278,7 @@ class WholeRun:
 
     def _checkpoint(self, label: str, timeout: float | None, raising: bool) -> None:
         assert self.window is not None
-        self.session.finish(
-            self.window,
-            label,
-            self.entry,
+        how = session.Closing(
             timeout=timeout or self.settings.timeout,
             strict=self.settings.strict,
             close=False,
@@ -289,6 +286,7 @@ class WholeRun:
             acting=raising,
             on_concluded=self._concluded,
         )
+        self.session.finish(self.window, label, self.entry, how)
 
     def _concluded(self, done: session.Finished | None) -> None:
         """The segment is concluded (before acting on it): the next one begins."""

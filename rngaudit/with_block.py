@@ -155,10 +155,7 @@ class Audit(ContextDecorator):
         # The verdict is decided here; the report files are written after the block exits.
         # Worker findings are local to this rank: reported, never part of the shared verdict
         # (a confirmed duplicate stream raises from the loader's first batch instead).
-        self._session.finish(
-            window,
-            self._label,
-            self._entry,
+        how = session.Closing(
             timeout=self.settings.timeout,
             strict=self.settings.strict,
             close=True,
@@ -174,6 +171,7 @@ class Audit(ContextDecorator):
             local_findings=self._worker_findings,
             spare_user_exception=exc_type is not None,
         )
+        self._session.finish(window, self._label, self._entry, how)
         return None
 
 

@@ -91,9 +91,11 @@ def test_a_rank_leaving_on_ctrl_c_is_reported_interrupted_whoever_decides_first(
     info = {"label": "audit at train.py:3", "mode": "raise"}
     exchange.publish(store, 0, 2, key, {"signature": "s"}, dict(info, raised=None))
     raised = dict(info, raised="KeyboardInterrupt: ")
-    left = exchange.exchange_on(store, 1, 2, {"signature": "s"}, key, 5.0, info=raised, leave=True)
+    left = exchange.exchange_on(
+        exchange.Seat(store, 1, 2), {"signature": "s"}, key, 5.0, info=raised, leave=True
+    )
     assert (left.kind, left.interrupted) == ("interrupted", [1])
-    stayed = exchange.collect(store, 0, 2, {"signature": "s"}, key, 5.0)
+    stayed = exchange.collect(exchange.Seat(store, 0, 2), {"signature": "s"}, key, 5.0)
     assert (stayed.kind, stayed.interrupted) == ("interrupted", [1])
 
 
@@ -127,7 +129,7 @@ def test_a_wait_left_on_ctrl_c_leaves_no_thread_inside_the_store() -> None:
     key = exchange.audit_key("audit at train.py:9", 0)
     exchange.publish(store, 0, 2, key, {"signature": "s"}, {"label": "x", "mode": "raise"})
     with pytest.raises(KeyboardInterrupt):
-        exchange.collect(store, 0, 2, {"signature": "s"}, key, 60.0)
+        exchange.collect(exchange.Seat(store, 0, 2), {"signature": "s"}, key, 60.0)
     waiters = list(exchange._Waiter._live)
     assert all(w.done.wait(5.0) for w in waiters), "a waiter stayed in the store's wait"
     assert not exchange._Waiter._live

@@ -8,7 +8,7 @@ from rngaudit import findings as fk
 from rngaudit.epochs import partition
 from rngaudit.findings import Finding
 from rngaudit.schema import EpochRecord, SamplerDraw
-from rngaudit.wording import format_ranks, format_site
+from rngaudit.wording import format_ranks, format_site, ranks_phrase
 
 ORDER_REMEDY = (
     "Make the order every rank shards come from state that is identical on every rank: give "
@@ -66,8 +66,7 @@ def _groups(values: dict[int, Any]) -> str:
         by_value.setdefault(str(value), []).append(rank)
     parts = []
     for value, ranks in by_value.items():
-        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}"
-        parts.append(f"{who}: {value}")
+        parts.append(f"{ranks_phrase(ranks)}: {value}")
     return "; ".join(parts)
 
 

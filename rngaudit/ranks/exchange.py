@@ -14,7 +14,7 @@ import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from rngaudit import forksafe
 from rngaudit.errors import RNGAuditStoreError
@@ -24,6 +24,14 @@ SLICE = 0.2  # seconds per wait: a KeyboardInterrupt surfaces within one slice
 GRACE = 1.0  # the others wait this much longer than rank 0 before deciding without it
 FETCH_ALL_MAX = 64  # above this world size rank 0 fetches one record per group, like the others
 WAITING = f"{KEY_PREFIX}/waiting"  # how many ranks are inside an exchange now
+
+
+class Seat(NamedTuple):
+    """Where a rank takes part in an exchange: the store, its rank and the world size."""
+
+    store: Any
+    rank: int
+    world: int
 
 
 @dataclass
@@ -390,13 +398,11 @@ def exchange(
     if where is None:
         return Exchanged([dict(record)], 1, 0, [], 0.0, arrived=[0])
     rank, world = where
-    return exchange_on(_store(), rank, world, record, key, timeout, info, leave, report_all)
+    return exchange_on(Seat(_store(), rank, world), record, key, timeout, info, leave, report_all)
 
 
 def exchange_on(
-    store: Any,
-    rank: int,
-    world: int,
+    seat: Seat,
     record: Mapping[str, Any],
     key: str,
     timeout: float,
@@ -407,6 +413,7 @@ def exchange_on(
 ) -> Exchanged:
     """:func:`exchange` through a given store, as ``rank`` of ``world`` (the benchmark
     simulates thousands of ranks this way; ``payload``: the record already encoded)."""
+    store, rank, world = seat
     start = time.monotonic()
     why = str((info or {}).get("left") or "KeyboardInterrupt")
     try:
@@ -415,9 +422,7 @@ def exchange_on(
             _decide(store, _Keys(key), _interrupted(rank, why))
         written = publish(store, rank, world, key, record, dict(info or {}), payload)
         every = report_all and world <= FETCH_ALL_MAX
-        return collect(
-            store, rank, world, record, key, timeout, every, leave, start, written, why=why
-        )
+        return collect(seat, record, key, timeout, every, why if leave else None, start, written)
     except Exception as exc:
         if store_lost(exc):
             raise unreachable(rank, exc) from None
@@ -425,29 +430,28 @@ def exchange_on(
 
 
 def collect(
-    store: Any,
-    rank: int,
-    world: int,
+    seat: Seat,
     record: Mapping[str, Any],
     key: str,
     timeout: float,
     fetch_all: bool = False,
-    leave: bool = False,
+    leaving_as: str | None = None,
     start: float | None = None,
     written: list[str] | None = None,
-    why: str = "KeyboardInterrupt",
 ) -> Exchanged:
     """The second half of :func:`exchange_on`: wait for the decision, fetch, clean up
-    (``written``: the keys :func:`publish` wrote, deleted after the next complete exchange)."""
+    (``leaving_as``: why this rank leaves without waiting, None when it waits; ``written``:
+    the keys :func:`publish` wrote, deleted after the next complete exchange)."""
+    store, rank, world = seat
     start = time.monotonic() if start is None else start
     keys = _Keys(key)
     pending = PENDING.setdefault((id(store), rank), Pending())
     try:
-        if leave:
-            decision = _decide(store, keys, _interrupted(rank, why))
+        if leaving_as is not None:
+            decision = _decide(store, keys, _interrupted(rank, leaving_as))
         else:
             try:
-                decision = _await_decision(store, keys, key, rank, world, timeout, start)
+                decision = _await_decision(seat, keys, key, timeout, start)
             except Exception:
                 raise
             except BaseException as leaving_now:  # Ctrl-C, a SIGTERM handler's sys.exit()
@@ -478,8 +482,9 @@ def _delete(store: Any, keys: list[str]) -> None:
 
 
 def _await_decision(
-    store: Any, keys: _Keys, key: str, rank: int, world: int, timeout: float, start: float
+    seat: Seat, keys: _Keys, key: str, timeout: float, start: float
 ) -> dict[str, Any]:
+    store, rank, world = seat
     decision = _read_decision(store, keys)
     if decision is not None:
         return decision  # arrived after the others decided (timed out, interrupted)
@@ -492,7 +497,7 @@ def _await_decision(
             decision = _read_decision(store, keys)
             return decision if decision is not None else _mismatch(store, keys, key, world)
 
-        return _wait_for(store, keys, keys.all, rank, world, start, timeout, complete, meanwhile)
+        return _wait_for(seat, keys, keys.all, start, timeout, complete, meanwhile)
 
     def decided() -> dict[str, Any]:
         decision = _read_decision(store, keys)
@@ -500,15 +505,13 @@ def _await_decision(
         return decision
 
     # after timeout + GRACE rank 0 is missing: the first of the others decides without it
-    return _wait_for(store, keys, keys.decision, rank, world, start, timeout + GRACE, decided)
+    return _wait_for(seat, keys, keys.decision, start, timeout + GRACE, decided)
 
 
 def _wait_for(
-    store: Any,
+    seat: Seat,
     keys: _Keys,
     awaited: str,
-    rank: int,
-    world: int,
     start: float,
     limit: float,
     found: Callable[[], dict[str, Any]],
@@ -517,6 +520,7 @@ def _wait_for(
     """Wait for the key ``awaited`` in ``SLICE`` slices (a KeyboardInterrupt surfaces within
     one): ``found()`` once it is set; between slices, the decision ``meanwhile()`` returns,
     if any; ``limit`` seconds after ``start``, decide the exchange abandoned."""
+    store, rank, world = seat
     waiter = _Waiter(store, awaited, limit - (time.monotonic() - start))
     try:
         while True:

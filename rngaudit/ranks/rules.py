@@ -15,7 +15,7 @@ from rngaudit.epochs import partition
 from rngaudit.findings import Finding
 from rngaudit.ranks import exchange
 from rngaudit.schema import DRAW, PRE_ITERATION, SEED, CallSiteDict, Event, RankRecord, SamplerDict
-from rngaudit.wording import format_ranks, format_site
+from rngaudit.wording import format_ranks, format_site, ranks_phrase
 
 UNSEEN = "<not loaded>"  # a generator absent at entry and never drawn from
 
@@ -94,8 +94,7 @@ def _groups(values: Mapping[int, object]) -> str:
         by_value.setdefault(value, []).append(rank)
     parts = []
     for value, ranks in by_value.items():
-        who = "rank " + str(ranks[0]) if len(ranks) == 1 else "ranks " + format_ranks(ranks)
-        parts.append(f"{who}: {value}")
+        parts.append(f"{ranks_phrase(ranks)}: {value}")
     return "; ".join(parts)
 
 
@@ -241,7 +240,7 @@ def protocol(
         )
     if kind == "mismatch" and audits:
         parts = [
-            f"{_who(_span_ranks(v['ranks']))} at {v['label'] or key}"
+            f"{ranks_phrase(_span_ranks(v['ranks']))} at {v['label'] or key}"
             for key, v in sorted(audits.items(), key=lambda kv: _span_ranks(kv[1]["ranks"]))
         ]
         out.append(
@@ -271,7 +270,7 @@ def protocol(
                 kind=fk.MODE_MISMATCH,
                 severity="warning",
                 message="The ranks audit in different modes ("
-                + "; ".join(f"{_who(rs)}: {m}" for m, rs in sorted(modes.items()))
+                + "; ".join(f"{ranks_phrase(rs)}: {m}" for m, rs in sorted(modes.items()))
                 + f"); every rank acts on the strictest, {acting}.",
                 ranks=sorted(r for rs in modes.values() for r in rs),
                 remedy="Give every rank the same mode= (and strict=), or the same RNGAUDIT value.",
@@ -306,10 +305,6 @@ def _span_ranks(spans: Any) -> list[int]:
         else:
             out.append(int(item))
     return sorted(out)
-
-
-def _who(ranks: list[int]) -> str:
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}"
 
 
 def compare(

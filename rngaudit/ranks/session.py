@@ -93,6 +93,26 @@ class Finished:
     exit_states: dict[str, str | None]  # generator states at the end
 
 
+@dataclass
+class Closing:
+    """How :meth:`Session.finish` closes an audit window, and whom it tells what."""
+
+    timeout: float
+    strict: bool
+    close: bool  # end the window; otherwise keep it open and start its next segment
+    exception: str | None = None  # what the audited block raised, for the rank record
+    interrupted: bool = False  # this rank is leaving (KeyboardInterrupt): do not wait
+    left: str | None = None  # why it is leaving (default: its exception)
+    identity: str | None = None  # what pairs the ranks' audits (default: the label)
+    background_write: bool = False  # write the files on rngaudit's writer thread
+    acting: bool = True  # raise or warn as the report's mode says (:func:`act`)
+    on_closed: Callable[[list[Any]], None] | None = None  # (loaders built) when the window ends
+    on_concluded: Callable[[Finished | None], None] | None = None  # before acting
+    local_findings: list[Finding] | None = None  # this rank's own, joining after acting
+    spare_user_exception: bool = False  # the block raised: a failure to conclude is logged
+    stacklevel: int = 3  # the caller whose line a warning names
+
+
 def _new_run_id() -> str:
     """A fresh id per process; at the first exchange every rank adopts rank 0's, so the id
     names one launch (torchrun's ``TORCHELASTIC_RUN_ID`` is ``none`` unless set)."""
@@ -165,25 +185,15 @@ class Session:
             return index
 
     def conclude(
-        self,
-        index: int,
-        label: str,
-        record: records.RankRecord,
-        timeout: float,
-        *,
-        strict: bool = False,
-        identity: str | None = None,
-        interrupted: bool = False,
-        background_write: bool = False,
-        left: str | None = None,
+        self, index: int, label: str, record: records.RankRecord, how: Closing
     ) -> AuditReport:
         """Exchange ``record`` with the other ranks, compare, write the files.
 
-        Ranks pair their audits by identity: ``identity`` (default: the label, the call site
+        Ranks pair their audits by identity: ``how.identity`` (default: the label, the call site
         that opened the audit) and how many times this rank exchanged under it, so an audit
         opened on some ranks only pairs with nothing and shifts nothing after it. The ranks
         also exchange their mode: the report's ``mode`` is the strictest, which every rank acts
-        on (``audits[-1]["strict"]`` when any rank is strict). ``interrupted``: this rank is
+        on (``audits[-1]["strict"]`` when any rank is strict). ``how.interrupted``: this rank is
         leaving (KeyboardInterrupt): publish, tell the others, do not wait.
 
         When the launcher announced more than one rank (``WORLD_SIZE``) but no process group
@@ -192,14 +202,7 @@ class Session:
         """
         where = exchange.process_group()
         if where is None and not self.joined and exchange.launched_world_size() > 1:
-            with self._lock:
-                self.pending.append((index, label, record))
-            return AuditReport(
-                run_id=self.run_id,
-                world_size=self.world_size,
-                mode=self.mode,
-                audits=[{"index": index, "label": label, "verdict": "ok", "deferred": True}],
-            )
+            return self._defer(index, label, record)
         deferred: list[str] = []
         if self.pending:
             with self._lock:
@@ -209,19 +212,8 @@ class Session:
         self.identify()
         record = {**record, "rank": self.rank, "run_id": self.run_id, "audit_index": index}
         record["signature"] = compare.signature(record)  # lets compare() group equal ranks
-        name = identity or label
-        with _lock:
-            occurrence = _occurrences.get(name, 0)
-            _occurrences[name] = occurrence + 1
-        key = exchange.audit_key(name, occurrence) if exchange.distributed() else "local"
-        declared = self.mode + ("+strict" if strict else "")
-        info = {"label": label, "mode": declared, "raised": record.get("exception")}
-        if interrupted:
-            info["left"] = left or record.get("exception") or "KeyboardInterrupt"
-        # rank 0 writes the merged report: it fetches every record (up to FETCH_ALL_MAX ranks)
-        result = exchange.exchange(
-            record, key, timeout, info=info, leave=interrupted, report_all=self.rank == 0
-        )
+        declared = self.mode + ("+strict" if how.strict else "")
+        result = self._exchange(record, label, declared, how)
         if where is not None:  # after destroy_process_group(): keep the world size known
             self.world_size = result.world_size
         exchanged = cast(list[records.RankRecord], result.records)  # what the ranks published
@@ -229,21 +221,7 @@ class Session:
         if arrived and arrived[0].get("run_id"):
             self.run_id = str(arrived[0]["run_id"])  # adopt the lowest rank's run id
             self.agreed = True
-        # a rank whose block raised stopped drawing early: compare the others among themselves
-        comparable = [r for r in arrived if int(r["rank"]) not in result.raised]
-        found = compare.protocol(
-            result.kind,
-            result.audits,
-            result.modes,
-            result.raised,
-            result.interrupted,
-            index,
-            why=result.why,
-        )
-        if result.kind in ("complete", "abandoned"):
-            found += compare.compare(
-                comparable, result.world_size, result.missing, index, timeout, result.arrived
-            )
+        found = _decide(result, arrived, index, how.timeout)
         mode, acting_strict = compare.strictest(list(result.modes) or [declared], self.mode)
         entry: records.AuditDict = {"index": index, "label": label, "verdict": verdict_of(found)}
         if len(result.modes) > 1:
@@ -251,16 +229,7 @@ class Session:
             entry["strict"] = acting_strict
         if deferred:
             entry["deferred"] = deferred  # audits that waited for the process group
-        with self._lock:
-            found = [f for f in found if not self._repeats_info(f)]
-            self._name_resume(found)
-            for rec in arrived:
-                self._accumulate(rec, index)
-            if self.rank not in {int(r["rank"]) for r in arrived}:
-                self._accumulate(record, index)  # arrived after the decision: still its file
-            self.findings.extend(found)
-            self.audits.append(entry)
-            self.write(background=background_write)
+        found = self._keep(found, entry, arrived, record, how.background_write)
         return AuditReport(
             findings=found,
             ranks=[as_filed(rec, index, self.run_id) for rec in arrived],
@@ -270,31 +239,65 @@ class Session:
             audits=[self.audits[-1]],
         )
 
-    def finish(
+    def _defer(self, index: int, label: str, record: records.RankRecord) -> AuditReport:
+        """Keep an audit made before the process group exists for the next one concluded
+        with it (its record joins that one's); an empty report comes back."""
+        with self._lock:
+            self.pending.append((index, label, record))
+        return AuditReport(
+            run_id=self.run_id,
+            world_size=self.world_size,
+            mode=self.mode,
+            audits=[{"index": index, "label": label, "verdict": "ok", "deferred": True}],
+        )
+
+    def _exchange(
+        self, record: records.RankRecord, label: str, declared: str, how: Closing
+    ) -> exchange.Exchanged:
+        """Exchange the signed record under the audit's identity and occurrence."""
+        name = how.identity or label
+        with _lock:
+            occurrence = _occurrences.get(name, 0)
+            _occurrences[name] = occurrence + 1
+        key = exchange.audit_key(name, occurrence) if exchange.distributed() else "local"
+        info = {"label": label, "mode": declared, "raised": record.get("exception")}
+        if how.interrupted:
+            info["left"] = how.left or record.get("exception") or "KeyboardInterrupt"
+        # rank 0 writes the merged report: it fetches every record (up to FETCH_ALL_MAX ranks)
+        return exchange.exchange(
+            record, key, how.timeout, info=info, leave=how.interrupted, report_all=self.rank == 0
+        )
+
+    def _keep(
         self,
-        window: Window,
-        label: str,
-        entry: dict[str, str | None],
-        *,
-        timeout: float,
-        strict: bool,
-        close: bool,
-        exception: str | None = None,
-        interrupted: bool = False,
-        left: str | None = None,
-        identity: str | None = None,
-        background_write: bool = False,
-        acting: bool = True,
-        on_closed: Callable[[list[Any]], None] | None = None,
-        on_concluded: Callable[[Finished | None], None] | None = None,
-        local_findings: list[Finding] | None = None,
-        spare_user_exception: bool = False,
-        stacklevel: int = 3,
+        found: list[Finding],
+        entry: records.AuditDict,
+        arrived: list[records.RankRecord],
+        record: records.RankRecord,
+        background: bool,
+    ) -> list[Finding]:
+        """File an audit's findings and records in the session and write its files; returns
+        the findings kept (an info finding an earlier audit made is not repeated)."""
+        index = entry["index"]
+        with self._lock:
+            found = [f for f in found if not self._repeats_info(f)]
+            self._name_resume(found)
+            for rec in arrived:
+                self._accumulate(rec, index)
+            if self.rank not in {int(r["rank"]) for r in arrived}:
+                self._accumulate(record, index)  # arrived after the decision: still its file
+            self.findings.extend(found)
+            self.audits.append(entry)
+            self.write(background=background)
+        return found
+
+    def finish(
+        self, window: Window, label: str, entry: dict[str, str | None], how: Closing
     ) -> Finished | None:
         """The one close path of an audit window (``audit()`` and the whole-run audit):
         events -> loaders -> states -> rank record -> exchange -> compare -> write -> act.
 
-        ``close``: end ``window`` (the states at its end close the record); otherwise keep it
+        ``how.close``: end ``window`` (the states at its end close the record); otherwise keep it
         open (paused while this rank concludes) and start its next segment as a new audit,
         whose window comes back in :attr:`Finished.window`. ``on_closed(built)`` runs right
         after the window ends (also when reading it failed), ``on_concluded(finished)`` once the
@@ -305,55 +308,28 @@ class Session:
         exception propagates unchanged).
         """
         with contextlib.ExitStack() as kept_open:
-            if close:
-                built: list[Any] = []
-                try:
-                    events = RECORDER.events_since(window)
-                    loaders = summarize_loaders(RECORDER, events)
-                    built = RECORDER.built_loaders()
-                finally:
-                    exit_states = RECORDER.end(window)  # undoes every patch at the outermost
-                    if on_closed is not None:
-                        on_closed(built)
-            else:  # the window stays open, paused while this rank concludes
+            if not how.close:  # the window stays open, paused while this rank concludes
                 kept_open.enter_context(RECORDER.paused())
-                events = RECORDER.events_since(window)
-                loaders = summarize_loaders(RECORDER, events)
-                built = RECORDER.forget_loaders()  # each segment lists the loaders built in it
-                exit_states = RECORDER.snapshot()
-            states = {"entry": entry, "exit": exit_states}
-            record = rank_record(
-                label, events, loaders, states, from_start=not close, exception=exception
-            )
+            record, built, exit_states = _read_window(window, label, entry, how)
             try:
-                report = self.conclude(
-                    window.index,
-                    label,
-                    record,
-                    timeout,
-                    strict=strict,
-                    identity=identity,
-                    interrupted=interrupted,
-                    background_write=background_write,
-                    left=left,
-                )
+                report = self.conclude(window.index, label, record, how)
             except BaseException as failure:
-                if on_concluded is not None:
-                    on_concluded(None)
-                if spare_user_exception and isinstance(failure, Exception):
+                if how.on_concluded is not None:
+                    how.on_concluded(None)
+                if how.spare_user_exception and isinstance(failure, Exception):
                     log.warning("rngaudit: could not conclude the audit", exc_info=True)
                     return None
                 raise
-            segment = None if close else RECORDER.new_segment(window, self.reserve())
+            segment = None if how.close else RECORDER.new_segment(window, self.reserve())
             done = Finished(report, built, segment, exit_states)
-            if on_concluded is not None:
-                on_concluded(done)
+            if how.on_concluded is not None:
+                how.on_concluded(done)
         try:
-            if acting:
-                acting_strict = bool(report.audits[-1].get("strict", strict))
-                act(report, report.mode, acting_strict, stacklevel=stacklevel + 1)
+            if how.acting:
+                acting_strict = bool(report.audits[-1].get("strict", how.strict))
+                act(report, report.mode, acting_strict, stacklevel=how.stacklevel + 1)
         finally:
-            report.findings.extend(local_findings or ())
+            report.findings.extend(how.local_findings or ())
         return done
 
     def _name_resume(self, found: list[Finding]) -> None:
@@ -498,6 +474,58 @@ class Session:
                     RNGAuditWarning,
                     stacklevel=2,
                 )
+
+
+def _read_window(
+    window: Window, label: str, entry: dict[str, str | None], how: Closing
+) -> tuple[records.RankRecord, list[Any], dict[str, str | None]]:
+    """This rank's record of the window (or segment), the loaders built in it and the
+    generator states at its end. ``how.close``: the window ends here (``how.on_closed(built)``
+    runs right after, also when reading it failed); otherwise it stays open (paused by the
+    caller) and each segment lists the loaders built in it."""
+    if how.close:
+        built: list[Any] = []
+        try:
+            events = RECORDER.events_since(window)
+            loaders = summarize_loaders(RECORDER, events)
+            built = RECORDER.built_loaders()
+        finally:
+            exit_states = RECORDER.end(window)  # undoes every patch at the outermost
+            if how.on_closed is not None:
+                how.on_closed(built)
+    else:
+        events = RECORDER.events_since(window)
+        loaders = summarize_loaders(RECORDER, events)
+        built = RECORDER.forget_loaders()
+        exit_states = RECORDER.snapshot()
+    states = {"entry": entry, "exit": exit_states}
+    record = rank_record(
+        label, events, loaders, states, from_start=not how.close, exception=how.exception
+    )
+    return record, built, exit_states
+
+
+def _decide(
+    result: exchange.Exchanged, arrived: list[records.RankRecord], index: int, timeout: float
+) -> list[Finding]:
+    """The findings of one exchanged audit: the protocol's (modes, labels, ranks that raised
+    or left), then the rules' over the ranks that arrived."""
+    # a rank whose block raised stopped drawing early: compare the others among themselves
+    comparable = [r for r in arrived if int(r["rank"]) not in result.raised]
+    found = compare.protocol(
+        result.kind,
+        result.audits,
+        result.modes,
+        result.raised,
+        result.interrupted,
+        index,
+        why=result.why,
+    )
+    if result.kind in ("complete", "abandoned"):
+        found += compare.compare(
+            comparable, result.world_size, result.missing, index, timeout, result.arrived
+        )
+    return found
 
 
 def as_filed(rec: records.RankRecord, index: int, run_id: str) -> records.RankRecord:

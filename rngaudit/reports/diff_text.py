@@ -24,10 +24,9 @@ from rngaudit.reports.run_diff import (
     RankDiff,
     RunDiff,
     SiteChange,
-    ranks_label,
 )
 from rngaudit.schema import Event
-from rngaudit.wording import format_site
+from rngaudit.wording import format_site, ranks_phrase
 
 _INDENT = "  "
 _LABEL = 17
@@ -94,13 +93,13 @@ def run_line(diff: RunDiff, side: str) -> str:
 
 
 def difference_line(item: Difference) -> str:
-    where = f" ({ranks_label(item.ranks)})" if item.ranks else ""
+    where = f" ({ranks_phrase(item.ranks)})" if item.ranks else ""
     return f"{item.what}{where}: A {item.a}, B {item.b}"
 
 
 def rank_heading(rank_diff: RankDiff) -> str:
     """``Rank 0: the timelines part at event 2: a draw present in run B only.``"""
-    who = ranks_label(rank_diff.ranks).capitalize()
+    who = ranks_phrase(rank_diff.ranks).capitalize()
     if rank_diff.missing:
         other = "B" if rank_diff.missing == "a" else "A"
         return f"{who}: recorded in run {other} only."
@@ -198,7 +197,7 @@ def _text_rank(rank_diff: RankDiff, width: int) -> list[str]:
 
 
 def _markdown_rank(rank_diff: RankDiff) -> list[str]:
-    heading = markdown_text(ranks_label(rank_diff.ranks).capitalize())
+    heading = markdown_text(ranks_phrase(rank_diff.ranks).capitalize())
     lines = [f"## {heading}", "", markdown_text(rank_heading(rank_diff))]
     rows = divergent_events(rank_diff)
     if rows:

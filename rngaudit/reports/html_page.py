@@ -29,9 +29,9 @@ from rngaudit.reports.report_text import (
     _timeline_title,
     _timelines,
 )
-from rngaudit.reports.run_diff import RankDiff, RunDiff, event_key, ordered_events, ranks_label
+from rngaudit.reports.run_diff import RankDiff, RunDiff, event_key, ordered_events
 from rngaudit.schema import DRAW, Event, Loader, RankRecord
-from rngaudit.wording import format_ranks
+from rngaudit.wording import format_ranks, ranks_phrase
 
 FOLD_MIN = 2  # equal positions in a row that are folded into one <details>
 MAX_ROWS = 400  # positions shown per timeline (the page stays small for huge runs)
@@ -196,7 +196,7 @@ def _loaders(report: AuditReport) -> str:
     rows = []
     for key, loader in loaders.items():
         drawn = early.get(key) or {}
-        drew = "; ".join(f"{ranks_label(r)} state {fp}" for fp, r in drawn.items())
+        drew = "; ".join(f"{ranks_phrase(r)} state {fp}" for fp, r in drawn.items())
         drew = f"drew: {drew}" if drew else "no draw"
         rows.append(
             f"<tr><td><code>{_e(str(loader.get('loader')))}</code></td>"
@@ -218,7 +218,7 @@ def _report_timeline(timeline: _Timeline, first: bool) -> str:
         column = [_cell_key(row[j]) for row in timeline.rows]
         groups.setdefault(json.dumps(column, default=str), []).append(j)
     members = list(groups.values())
-    headers = [ranks_label([timeline.ranks[j] for j in js]) for js in members]
+    headers = [ranks_phrase([timeline.ranks[j] for j in js]) for js in members]
     rows = [[row[js[0]] for js in members] for row in timeline.rows]
     note_class = "note diverges" if timeline.divergence is not None else "note"
     return (
@@ -241,7 +241,7 @@ def _cell_key(cell: Cell) -> object:
 def _diff_rank(
     rank_diff: RankDiff, record_a: RankRecord | None, record_b: RankRecord | None, first: bool
 ) -> str:
-    heading = ranks_label(rank_diff.ranks).capitalize()
+    heading = ranks_phrase(rank_diff.ranks).capitalize()
     parts = [f'<section class="rank"><h2>{_e(heading)}</h2>']
     note_class = "note diverges" if rank_diff.position is not None else "note"
     parts.append(f'<p class="{note_class}">{_e(rank_heading(rank_diff))}</p>')

@@ -13,7 +13,7 @@ from rngaudit.findings import SEVERITIES, Finding
 from rngaudit.reports.files import finite
 from rngaudit.reports.model import AuditReport
 from rngaudit.schema import DRAW, PRE_ITERATION, AuditDict, Event, Loader
-from rngaudit.wording import format_ranks, format_site
+from rngaudit.wording import format_ranks, format_site, ranks_phrase
 
 WIDTH = 100
 MAX_TIMELINE_ROWS = 60
@@ -166,10 +166,7 @@ def _loader_lines(report: AuditReport) -> list[str]:
             by_fp: dict[str, list[int]] = {}
             for rank, fp in sorted(draws.items()):
                 by_fp.setdefault(fp, []).append(rank)
-            states = "; ".join(
-                f"{'rank' if len(r) == 1 else 'ranks'} {format_ranks(r)}: {fp}"
-                for fp, r in by_fp.items()
-            )
+            states = "; ".join(f"{ranks_phrase(r)}: {fp}" for fp, r in by_fp.items())
             drew = f"drew before iteration (state {states})"
         else:
             drew = "no draw before iteration"

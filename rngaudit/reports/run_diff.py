@@ -11,7 +11,7 @@ from typing import Any
 from rngaudit.reports.load import load_report_dir
 from rngaudit.reports.model import AuditReport
 from rngaudit.schema import DRAW, Event, Loader, RankRecord
-from rngaudit.wording import format_ranks, format_site
+from rngaudit.wording import format_site
 
 LOOKAHEAD = 32  # how far ahead an event is searched for before two events count as different
 BEFORE = 3  # common events shown before the first divergence
@@ -457,8 +457,3 @@ def _run_dict(path: str, report: AuditReport) -> dict[str, Any]:
         "mode": report.mode,
         "verdict": report.verdict,
     }
-
-
-def ranks_label(ranks: list[int]) -> str:
-    """``rank 0``, ``ranks 0-3, 5``."""
-    return f"{'rank' if len(ranks) == 1 else 'ranks'} {format_ranks(ranks)}"

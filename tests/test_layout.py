@@ -1,0 +1,54 @@
+"""The package's shape: short parameter lists, and the offline half apart from the engine."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "rngaudit"
+MAX_PARAMETERS = 8
+ENGINE = ("capture", "ranks", "epochs", "workers")
+
+
+def _parameters(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    args = node.args
+    named = [*args.posonlyargs, *args.args, *args.kwonlyargs]
+    if named and named[0].arg in ("self", "cls"):
+        named = named[1:]
+    return len(named) + (args.vararg is not None) + (args.kwarg is not None)
+
+
+def test_no_function_takes_more_than_eight_parameters() -> None:
+    long = [
+        f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name} ({_parameters(node)})"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and _parameters(node) > MAX_PARAMETERS
+    ]
+    assert not long, f"functions with more than {MAX_PARAMETERS} parameters: {long}"
+
+
+def test_the_parameter_count_sees_a_long_list() -> None:
+    tree = ast.parse("def f(self, a, b, /, c, *d, e, f, g, h, **i): pass")
+    func = tree.body[0]
+    assert isinstance(func, ast.FunctionDef) and _parameters(func) == 9
+
+
+def test_the_offline_half_imports_nothing_of_the_engine() -> None:
+    offline = [*sorted((PACKAGE / "reports").glob("*.py")), PACKAGE / "cli.py"]
+    offenders = []
+    for path in offline:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            for name in names:
+                parts = name.split(".")
+                if parts[0] == "rngaudit" and len(parts) > 1 and parts[1] in ENGINE:
+                    offenders.append(f"{path.name}: {name}")
+                if name in ("rngaudit.with_block", "rngaudit.whole_run", "rngaudit.startup"):
+                    offenders.append(f"{path.name}: {name}")
+    assert not offenders, offenders
