@@ -109,6 +109,3 @@ def _say(message: str) -> None:
 def _one_line(exc: BaseException, form: Callable[[object], str] = str) -> str:
     """An exception as one line of at most 200 characters."""
     return " ".join(form(exc).split())[:200]
-
-
-Callback = Callable[[], None]

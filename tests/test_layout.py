@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import importlib.resources
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "rngaudit"
@@ -52,3 +53,16 @@ def test_the_offline_half_imports_nothing_of_the_engine() -> None:
                 if name in ("rngaudit.with_block", "rngaudit.whole_run", "rngaudit.startup"):
                     offenders.append(f"{path.name}: {name}")
     assert not offenders, offenders
+
+
+def test_the_page_template_and_style_are_package_data() -> None:
+    from rngaudit.reports.html_page import render_html
+    from rngaudit.reports.model import AuditReport
+
+    files = importlib.resources.files("rngaudit.reports")
+    page = files.joinpath("page.html").read_text(encoding="utf-8")
+    assert [page.count(p) for p in ("{title}", "{style}", "{body}")] == [1, 1, 1]
+    style = files.joinpath("page.css").read_text(encoding="utf-8")
+    html = render_html(AuditReport(run_id="{body}"))  # a placeholder in the data stays data
+    assert f"<style>\n{style}</style>" in html and "{title}" not in html
+    assert html.startswith("<!DOCTYPE html>") and html.endswith("</body>\n</html>\n")

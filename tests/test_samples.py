@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import re
@@ -206,3 +207,16 @@ def test_docs_samples_are_the_golden_renderings() -> None:
         "tests/golden/divergent.summary.txt",
         "tests/golden/diff.txt",
     } <= set(found)
+
+
+def test_the_samples_regenerate_byte_identical_from_a_real_run() -> None:
+    """tests/data/divergent is what a real 2-rank run of sample_run.py writes now (scrubbed by
+    make_samples.py): the goldens rendered from it are renderings of today's producer."""
+    spec = importlib.util.spec_from_file_location("make_samples", DATA / "make_samples.py")
+    assert spec is not None and spec.loader is not None
+    make_samples = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_samples)
+    texts = make_samples.capture("divergent")
+    assert sorted(texts) == sorted(FILES)
+    for name, text in texts.items():
+        assert text == (DATA / "divergent" / name).read_text(encoding="utf-8"), name

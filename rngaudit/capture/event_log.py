@@ -8,8 +8,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from rngaudit import forksafe
-from rngaudit import schema as records
+from rngaudit import forksafe, schema
 from rngaudit.capture.callsite import CallSite
 from rngaudit.schema import CREATE as CREATE
 from rngaudit.schema import DRAW as DRAW
@@ -27,7 +26,7 @@ class SamplerInfo:
     loader: str | None = None
     output_digest: str | None = None
 
-    def to_dict(self) -> records.SamplerDict:
+    def to_dict(self) -> schema.SamplerDict:
         return {"chain": self.chain, "loader": self.loader, "output_digest": self.output_digest}
 
 
@@ -62,8 +61,8 @@ class Event:
         self.last_fingerprint = fingerprint
         self.digest = zlib.crc32(str(fingerprint).encode(), self.digest or 0)
 
-    def to_dict(self) -> records.Event:
-        out: records.Event = {
+    def to_dict(self) -> schema.Event:
+        out: schema.Event = {
             "seq": self.seq,
             "audit": self.audit,
             "generator": self.generator,

@@ -6,24 +6,21 @@ import os
 import socket
 from typing import Any, Literal
 
-from rngaudit import peek
-from rngaudit import schema as records
-from rngaudit.capture import environment, naming
-from rngaudit.capture import event_log as events_mod
-from rngaudit.capture import framework as run_kind
+from rngaudit import peek, schema
+from rngaudit.capture import environment, event_log, framework, naming
 from rngaudit.capture.recorder import RECORDER, Recorder
 from rngaudit.epochs import partition, sharding
 
 
 def rank_record(
     label: str,
-    events: list[records.Event],
-    loaders: list[records.Loader],
+    events: list[schema.Event],
+    loaders: list[schema.Loader],
     states: dict[str, Any],
     *,
     from_start: bool,
     exception: str | None = None,
-) -> records.RankRecord:
+) -> schema.RankRecord:
     """This rank's record of one audit window, as it is exchanged and compared."""
     return {
         "pid": os.getpid(),
@@ -36,17 +33,17 @@ def rank_record(
         "from_start": from_start,
         "exception": exception,
         "environment": environment.describe(),
-        "framework": run_kind.detect(),  # compare's advice fits the run (rank 0's wins)
+        "framework": framework.detect(),  # compare's advice fits the run (rank 0's wins)
     }
 
 
 def merge_deferred(
-    earlier: list[records.RankRecord], record: records.RankRecord, index: int
-) -> records.RankRecord:
+    earlier: list[schema.RankRecord], record: schema.RankRecord, index: int
+) -> schema.RankRecord:
     """Deferred records and the current one as one record of audit ``index``: events in
     order, entry states from the first, exit states from the last."""
     chunks = [*earlier, record]
-    events: list[records.Event] = [
+    events: list[schema.Event] = [
         {**e, "audit": index} for rec in chunks for e in rec.get("events", [])
     ]
     loaders = [loader for rec in chunks for loader in rec.get("loaders", [])]
@@ -55,7 +52,7 @@ def merge_deferred(
         "exit": record.get("states", {}).get("exit", {}),
     }
     exception = next((rec["exception"] for rec in chunks if rec.get("exception")), None)
-    merged: records.RankRecord = {
+    merged: schema.RankRecord = {
         **record,
         "events": events,
         "loaders": loaders,
@@ -66,9 +63,9 @@ def merge_deferred(
     return merged
 
 
-def summarize_loaders(rec: Recorder, events: list[records.Event]) -> list[records.Loader]:
+def summarize_loaders(rec: Recorder, events: list[schema.Event]) -> list[schema.Loader]:
     """One entry per loader built in the window (report field ``loaders``)."""
-    out: list[records.Loader] = []
+    out: list[schema.Loader] = []
     for loader in rec.new_loaders:
         name = rec.loaders.name(type(loader).__name__, id(loader), loader)
         chain = sharding.loader_chain(loader)
@@ -80,9 +77,9 @@ def summarize_loaders(rec: Recorder, events: list[records.Event]) -> list[record
         early = [
             e
             for e in events
-            if _sampler_field(e, "loader") == name and e["phase"] == events_mod.PRE_ITERATION
+            if _sampler_field(e, "loader") == name and e["phase"] == event_log.PRE_ITERATION
         ]
-        entry: records.Loader = {
+        entry: schema.Loader = {
             "loader": name,
             "num_workers": peek.integer(peek.attr(loader, "num_workers"), 0),
             "sampler": " > ".join(type(s).__name__ for s in chain) or None,
@@ -98,7 +95,7 @@ def summarize_loaders(rec: Recorder, events: list[records.Event]) -> list[record
     return out
 
 
-def _sampler_field(event: records.Event, key: Literal["loader", "output_digest"]) -> str | None:
+def _sampler_field(event: schema.Event, key: Literal["loader", "output_digest"]) -> str | None:
     """``event["sampler"][key]``, None when the draw was not for a sampler."""
     sampler = event["sampler"]
     return sampler[key] if sampler else None

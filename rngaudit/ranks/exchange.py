@@ -43,7 +43,6 @@ class Exchanged:
     world_size: int
     rank: int
     missing: list[int]
-    waited: float
     arrived: list[int] = field(default_factory=list)
     kind: str = "complete"  # complete | abandoned | mismatch | interrupted
     modes: dict[str, list[int]] = field(default_factory=dict)  # "raise", "warn+strict", ...
@@ -396,7 +395,7 @@ def exchange(
     """
     where = distributed()
     if where is None:
-        return Exchanged([dict(record)], 1, 0, [], 0.0, arrived=[0])
+        return Exchanged([dict(record)], 1, 0, [], arrived=[0])
     rank, world = where
     return exchange_on(Seat(_store(), rank, world), record, key, timeout, info, leave, report_all)
 
@@ -461,7 +460,7 @@ def collect(
     finally:
         with contextlib.suppress(Exception):  # a lost store is reported by what failed first
             store.add(WAITING, -1)
-    result = _result(store, keys, decision, record, rank, world, fetch_all, start)
+    result = _result(store, keys, decision, record, rank, world, fetch_all)
     mine = list(written if written is not None else [keys.record(rank), keys.arrival(rank)])
     if decision["kind"] == "complete":
         # every rank arrived here, so every rank has read the previous exchange: clear it
@@ -639,7 +638,6 @@ def _result(
     rank: int,
     world: int,
     fetch_all: bool,
-    start: float,
 ) -> Exchanged:
     groups = {sig: unranges(spans) for sig, spans in decision.get("ranks", {}).items()}
     signature_of = {r: sig for sig, rs in groups.items() for r in rs}
@@ -672,7 +670,6 @@ def _result(
         world_size=world,
         rank=rank,
         missing=missing,
-        waited=time.monotonic() - start,
         arrived=arrived,
         kind=kind,
         modes={m: unranges(spans) for m, spans in decision.get("modes", {}).items()},

@@ -8,10 +8,8 @@ from typing import Any, TypeVar
 
 from rngaudit import config, library_samplers
 from rngaudit import findings as fk
-from rngaudit.capture import framework as run_kind
-from rngaudit.capture import naming
-from rngaudit.epochs import order_rules as epoch_rules
-from rngaudit.epochs import partition
+from rngaudit.capture import framework, naming
+from rngaudit.epochs import order_rules, partition
 from rngaudit.findings import Finding
 from rngaudit.ranks import exchange
 from rngaudit.schema import DRAW, PRE_ITERATION, SEED, CallSiteDict, Event, RankRecord, SamplerDict
@@ -31,7 +29,7 @@ SAMPLER_REMEDY = (
 
 def _sampler_remedy(kind: str, own: bool) -> str:
     """The fix for a sampler that drew from unequal state, in the words of the run's framework."""
-    seed = run_kind.seed_advice(kind)
+    seed = framework.seed_advice(kind)
     if own:
         return (
             "Give your sampler a `generator` attribute seeded identically on every rank "
@@ -39,7 +37,7 @@ def _sampler_remedy(kind: str, own: bool) -> str:
             "self.generator; for numpy, np.random.default_rng(SEED)), or seed every rank "
             f"identically before the loader draws: {seed}."
         )
-    if kind == run_kind.ACCELERATE:
+    if kind == framework.ACCELERATE:
         return SAMPLER_REMEDY
     return (
         f"Seed every rank identically before the loader draws: {seed}; or give the DataLoader "
@@ -65,11 +63,11 @@ STATE_REMEDY = (
 
 
 def _state_remedy(kind: str) -> str:
-    if kind == run_kind.ACCELERATE:
+    if kind == framework.ACCELERATE:
         return STATE_REMEDY
     return (
         "If ranks should draw the same values (dropout masks, augmentations shared across "
-        f"ranks), seed them identically: {run_kind.seed_advice(kind)}; if per-rank randomness "
+        f"ranks), seed them identically: {framework.seed_advice(kind)}; if per-rank randomness "
         "is intended, this is expected."
     )
 
@@ -80,7 +78,7 @@ def _framework(records: list[RankRecord]) -> str:
         kind = record.get("framework")
         if isinstance(kind, str):
             return kind
-    return run_kind.ACCELERATE  # records written before the field existed
+    return framework.ACCELERATE  # records written before the field existed
 
 
 def _site(cs: CallSiteDict | None) -> str:
@@ -392,7 +390,7 @@ def _dataset_overlap(
                     "held-out samples into training)."
                 ),
                 ranks=sorted(per_rank),
-                remedy=epoch_rules.DATASET_REMEDY,
+                remedy=order_rules.DATASET_REMEDY,
                 audit=audit,
                 details={
                     "loader": name,
@@ -503,7 +501,7 @@ def _sampler_finding(
         f"The draw ({event['op']}) ran at {_site(event.get('call_site'))}{via}.",
     ]
     kind = _framework(records)
-    if kind == run_kind.ACCELERATE:
+    if kind == framework.ACCELERATE:
         lines.append(
             "Accelerate synchronizes RNG only when iteration starts, so these indices are used "
             "unsynchronized: the ranks shard different permutations, and epoch 0 duplicates "
@@ -635,7 +633,7 @@ def _state_divergence(
 
 
 def _unsynchronized(kind: str) -> str:
-    if kind == run_kind.ACCELERATE:
+    if kind == framework.ACCELERATE:
         return (
             "Nothing configured synchronizes it (accelerate synchronizes only the sampler's "
             "generator by default, rng_types=['generator'])"

@@ -88,7 +88,6 @@ class Finished:
     """What :meth:`Session.finish` concluded."""
 
     report: AuditReport
-    built: list[Any]  # the loaders built in the window (or segment)
     window: Window | None  # the next segment's window; None when the window was closed
     exit_states: dict[str, str | None]  # generator states at the end
 
@@ -310,7 +309,7 @@ class Session:
         with contextlib.ExitStack() as kept_open:
             if not how.close:  # the window stays open, paused while this rank concludes
                 kept_open.enter_context(RECORDER.paused())
-            record, built, exit_states = _read_window(window, label, entry, how)
+            record, exit_states = _read_window(window, label, entry, how)
             try:
                 report = self.conclude(window.index, label, record, how)
             except BaseException as failure:
@@ -321,7 +320,7 @@ class Session:
                     return None
                 raise
             segment = None if how.close else RECORDER.new_segment(window, self.reserve())
-            done = Finished(report, built, segment, exit_states)
+            done = Finished(report, segment, exit_states)
             if how.on_concluded is not None:
                 how.on_concluded(done)
         try:
@@ -478,11 +477,10 @@ class Session:
 
 def _read_window(
     window: Window, label: str, entry: dict[str, str | None], how: Closing
-) -> tuple[records.RankRecord, list[Any], dict[str, str | None]]:
-    """This rank's record of the window (or segment), the loaders built in it and the
-    generator states at its end. ``how.close``: the window ends here (``how.on_closed(built)``
-    runs right after, also when reading it failed); otherwise it stays open (paused by the
-    caller) and each segment lists the loaders built in it."""
+) -> tuple[records.RankRecord, dict[str, str | None]]:
+    """This rank's record of the window (or segment) and the generator states at its end.
+    ``how.close``: the window ends here (``how.on_closed(built)`` runs right after, also when
+    reading it failed); otherwise it stays open (paused by the caller)."""
     if how.close:
         built: list[Any] = []
         try:
@@ -496,13 +494,13 @@ def _read_window(
     else:
         events = RECORDER.events_since(window)
         loaders = summarize_loaders(RECORDER, events)
-        built = RECORDER.forget_loaders()
+        RECORDER.forget_loaders()  # each segment lists the loaders built in it
         exit_states = RECORDER.snapshot()
     states = {"entry": entry, "exit": exit_states}
     record = rank_record(
         label, events, loaders, states, from_start=not how.close, exception=how.exception
     )
-    return record, built, exit_states
+    return record, exit_states
 
 
 def _decide(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import html
+import importlib.resources
 import json
 from collections.abc import Callable, Iterator
 
@@ -39,66 +41,27 @@ MAX_ROWS = 400  # positions shown per timeline (the page stays small for huge ru
 Cell = Event | None
 CellKey = Callable[[Cell], object]  # what makes two cells equal, JSON-encodable
 
-# No network: no fonts, scripts or images from anywhere (the policy forbids them too).
-_HEAD = """<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{title}</title>
-<style>
-body {{ font: 14px/1.45 system-ui, sans-serif; margin: 0 1.5em 3em; color: #1d2330; }}
-h1 {{ font-size: 1.5em; margin: 0; }}
-h2 {{ font-size: 1.2em; margin: 1.6em 0 .5em; }}
-h3 {{ font-size: 1em; margin: 0 0 .3em; }}
-code, .mono {{ font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 12.5px; }}
-header {{ padding: 1em 1.2em; margin: 1em 0; border-radius: 6px; }}
-.v-ok {{ background: #e3f5e6; border-left: 6px solid #2d8a3e; }}
-.v-warning, .v-info {{ background: #fff4d6; border-left: 6px solid #c98a00; }}
-.v-error, .v-different {{ background: #fde4e2; border-left: 6px solid #c62828; }}
-.v-identical {{ background: #e3f5e6; border-left: 6px solid #2d8a3e; }}
-.finding {{ border: 1px solid #d4d8e0; border-radius: 6px; padding: .8em 1em; margin: .7em 0; }}
-.finding.s-error {{ border-left: 5px solid #c62828; }}
-.finding.s-warning {{ border-left: 5px solid #c98a00; }}
-.finding.s-info {{ border-left: 5px solid #5c6bc0; }}
-.badge {{ display: inline-block; padding: 0 .5em; border-radius: 3px; color: #fff;
-  background: #5c6bc0; font-size: .85em; margin-right: .4em; }}
-.s-error .badge {{ background: #c62828; }} .s-warning .badge {{ background: #a87300; }}
-dl {{ display: grid; grid-template-columns: 8em 1fr; gap: .15em .8em; margin: .5em 0 0; }}
-dt {{ color: #5a6170; }} dd {{ margin: 0; }}
-.fix {{ background: #e8f1ff; padding: .3em .5em; border-radius: 4px; }}
-table.plain {{ border-collapse: collapse; }}
-table.plain td, table.plain th {{ border: 1px solid #d4d8e0; padding: .25em .6em;
-  text-align: left; vertical-align: top; }}
-.scroll {{ overflow-x: auto; }}
-.row {{ display: grid; grid-template-columns: 3.2em repeat(var(--cols), minmax(17em, 1fr));
-  border-top: 1px solid #e6e8ee; }}
-.row > div {{ padding: .3em .5em; overflow-wrap: anywhere; }}
-.row.head > div {{ font-weight: 600; background: #f2f4f8; }}
-.pos {{ color: #5a6170; text-align: right; }}
-.gen {{ font-weight: 600; }}
-.site {{ color: #4a5060; }}
-.none {{ color: #8a90a0; font-style: italic; }}
-.row.divergent {{ background: #fff1c2; outline: 2px solid #e0a800; }}
-.row.divergent .pos {{ color: #b00020; font-weight: 700; }}
-.row.divergent > div.differs {{ background: #ffd0cc; }}
-details.fold > summary {{ cursor: pointer; color: #3949ab; padding: .3em .5em;
-  background: #f7f8fb; border-top: 1px solid #e6e8ee; }}
-.note {{ margin: .5em 0; }}
-.note.diverges {{ color: #b00020; font-weight: 600; }}
-.muted {{ color: #5a6170; }}
-</style>
-</head>
-<body>
-"""
-_TAIL = "</body>\n</html>\n"
+
+@functools.cache
+def _page() -> tuple[str, str]:
+    """The page around the body: page.html with page.css inlined (package data), split at
+    ``{body}``. No network: no fonts, scripts or images from anywhere (the policy forbids
+    them too)."""
+    files = importlib.resources.files("rngaudit.reports")
+    page = files.joinpath("page.html").read_text(encoding="utf-8")
+    style = files.joinpath("page.css").read_text(encoding="utf-8")
+    head, tail = page.replace("{style}", style, 1).split("{body}")
+    return head, tail
+
+
+def _head(title: str) -> str:
+    return _page()[0].replace("{title}", _e(title), 1)
 
 
 def render_html(report: AuditReport) -> str:
     """The report as one HTML page: verdict and findings with their fixes first, then the
     loaders, then each audit's timeline with ranks side by side (identical ranks grouped)."""
-    parts = [_HEAD.format(title=_e(f"rngaudit report: {report.verdict.upper()}"))]
+    parts = [_head(f"rngaudit report: {report.verdict.upper()}")]
     parts.append(
         f'<header class="v-{_e(report.verdict)}"><h1>rngaudit report: '
         f"{_e(report.verdict.upper())}</h1>"
@@ -114,7 +77,7 @@ def render_html(report: AuditReport) -> str:
     for timeline in _timelines(report):
         parts.append(_report_timeline(timeline, first))
         first = first and timeline.divergence is None
-    parts.append(_TAIL)
+    parts.append(_page()[1])
     return "".join(parts)
 
 
@@ -122,7 +85,7 @@ def render_diff_html(diff: RunDiff) -> str:
     """The comparison of two runs as one HTML page: settings that differ first, then per
     rank (identical ranks grouped) the two timelines side by side, the divergence marked."""
     word = verdict(diff)
-    parts = [_HEAD.format(title=_e(f"rngaudit diff: {word}"))]
+    parts = [_head(f"rngaudit diff: {word}")]
     parts.append(
         f'<header class="v-{word.lower()}"><h1>rngaudit diff: {word}</h1>'
         f"<div>A: <code>{_e(diff.path_a)}</code> ({_e(_run_line(diff.a))}, verdict "
@@ -154,7 +117,7 @@ def render_diff_html(diff: RunDiff) -> str:
         rank = rank_diff.ranks[0]
         parts.append(_diff_rank(rank_diff, records_a.get(rank), records_b.get(rank), first))
         first = first and rank_diff.position is None
-    parts.append(_TAIL)
+    parts.append(_page()[1])
     return "".join(parts)
 
 

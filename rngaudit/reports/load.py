@@ -11,7 +11,7 @@ import typing
 from pathlib import Path
 from typing import Any, NamedTuple, cast
 
-from rngaudit import schema as records
+from rngaudit import schema
 from rngaudit.errors import ReportError
 from rngaudit.findings import RANK_MISSING, SEVERITIES, Finding, worst
 from rngaudit.reports import files as report_files
@@ -38,16 +38,16 @@ def _as_declared(typed_dict: type) -> _Shape:
 # What each shape needs: its TypedDict in rngaudit.schema (the types of its fields) and the
 # fields a file must have. Every other field may be absent or null; the type of every field
 # present is checked against the TypedDict's annotation. The records' fields are all written
-# by the producer, but a file needs only ``rank`` and ``events`` of them (see records.py).
-_REPORT = _as_declared(records.ReportDict)
-_RANK_FILE = _as_declared(records.RankFileDict)
-_FINDING = _as_declared(records.FindingDict)
-_AUDIT = _as_declared(records.AuditDict)
-_RECORD = (records.RankRecord, ("rank", "events"))
-_EVENT = (records.Event, ())
-_SITE = (records.CallSiteDict, ())
-_SAMPLER = (records.SamplerDict, ())
-_LOADER = (records.Loader, ())
+# by the producer, but a file needs only ``rank`` and ``events`` of them (see schema.py).
+_REPORT = _as_declared(schema.ReportDict)
+_RANK_FILE = _as_declared(schema.RankFileDict)
+_FINDING = _as_declared(schema.FindingDict)
+_AUDIT = _as_declared(schema.AuditDict)
+_RECORD = (schema.RankRecord, ("rank", "events"))
+_EVENT = (schema.Event, ())
+_SITE = (schema.CallSiteDict, ())
+_SAMPLER = (schema.SamplerDict, ())
+_LOADER = (schema.Loader, ())
 
 
 def _json_types(annotation: Any) -> _JSONTypes:
@@ -81,8 +81,8 @@ class _RankFile(NamedTuple):
     world_size: int
     mode: str
     findings: list[Finding]
-    audits: list[records.AuditDict]
-    record: records.RankRecord
+    audits: list[schema.AuditDict]
+    record: schema.RankRecord
 
 
 _TYPE_NAMES = {
@@ -236,7 +236,7 @@ def _merge(rank_files: list[_RankFile]) -> AuditReport:
 
     findings: list[Finding] = []
     seen: set[str] = set()
-    audits: dict[int, records.AuditDict] = {}
+    audits: dict[int, schema.AuditDict] = {}
     for rank_file in rank_files:
         for finding in rank_file.findings:
             key = json.dumps(finding.to_dict(), sort_keys=True)
@@ -380,7 +380,7 @@ def _is_type(value: Any, expected: type) -> bool:
     return isinstance(value, expected)
 
 
-def _check_record(record: Any, where: str) -> records.RankRecord:
+def _check_record(record: Any, where: str) -> schema.RankRecord:
     if not isinstance(record, dict):
         raise ReportError(f"{where} is {_json_type(record)}, expected an object")
     _check_fields(record, _RECORD, where)
@@ -395,7 +395,7 @@ def _check_record(record: Any, where: str) -> records.RankRecord:
         if not isinstance(loader, dict):
             raise ReportError(f"{where}.loaders[{i}] is {_json_type(loader)}, expected an object")
         _check_fields(loader, _LOADER, f"{where}.loaders[{i}]")
-    return cast(records.RankRecord, record)
+    return cast(schema.RankRecord, record)
 
 
 def _check_sites(data: dict[str, Any], where: str) -> None:
@@ -426,17 +426,17 @@ def _findings(items: list[Any], path: Path) -> list[Finding]:
             raise ReportError(f"{where}: field 'ranks' must hold integers")
         _check_sites({k: item.get(k) for k in ("call_site", "user_call_site")}, where)
         present = {k: v for k, v in item.items() if v is not None}
-        findings.append(Finding.from_dict(cast(records.FindingDict, present)))
+        findings.append(Finding.from_dict(cast(schema.FindingDict, present)))
     return findings
 
 
-def _audits(items: list[Any], path: Path) -> list[records.AuditDict]:
+def _audits(items: list[Any], path: Path) -> list[schema.AuditDict]:
     for i, item in enumerate(items):
         where = f"{path}: audits[{i}]"
         if not isinstance(item, dict):
             raise ReportError(f"{where} is {_json_type(item)}, expected an object")
         _check_fields(item, _AUDIT, where)
-    return cast(list[records.AuditDict], list(items))
+    return cast(list[schema.AuditDict], list(items))
 
 
 def _json_type(value: Any) -> str:

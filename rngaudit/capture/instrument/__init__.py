@@ -52,10 +52,8 @@ class Instrumentation:
                 PythonInstrumentation(self.rec).install()
             elif name == "numpy":
                 NumpyInstrumentation(self.rec).install()
-            elif name == "torch":
+            else:  # torch
                 TorchInstrumentation(self.rec).install()
-                self._samplers()
-            else:
                 self._samplers()
         except Exception:  # never stop the user's program over instrumentation
             log.warning("rngaudit: could not instrument %s", name, exc_info=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 # "leaf" ops every random draw ends in. Composites (``rand``, ``randn``, ``randint``,
 # ``dropout``, ``rrelu``, ...) reach these, so they are seen as their leaf (``torch.rand`` ->
 # ``aten.uniform_``). Deriving the list from tags at run time costs 42 ms to 0.4 s;
-# tests/test_seeded_ops.py checks it against the installed torch.
+# tests/test_torch_ops.py checks it against the installed torch.
 LEAF_OPS: tuple[str, ...] = (
     "_cudnn_attention_forward.default",
     "_cudnn_init_dropout_state.default",
