@@ -22,7 +22,7 @@ from rngaudit.epochs import order_check as epoch_check
 from rngaudit.errors import RNGAuditError
 from rngaudit.findings import Finding
 from rngaudit.ranks import exchange, session
-from rngaudit.ranks.session import act
+from rngaudit.ranks.policy import act
 from rngaudit.reports.model import AuditReport
 
 log = logging.getLogger("rngaudit")

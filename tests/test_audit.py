@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -19,7 +21,15 @@ def test_decorating_a_plain_function_audits_each_call(report_dir: Path) -> None:
     draw()
     draw()
     assert rngaudit.wait_for_reports()  # report files are written after each call returns
-    assert (report_dir / "report.json").is_file()
+    report = json.loads((report_dir / "report.json").read_text())
+    assert [(a["index"], a["verdict"]) for a in report["audits"]] == [(0, "ok"), (1, "ok")]
+    line = inspect.getsourcelines(draw)[1] + 2  # the line of torch.rand(1) (unwrapped)
+    drawn = [
+        (e["audit"], e["op"], e["count"], e["call_site"]["line"])
+        for e in report["ranks"][0]["events"]
+        if e["kind"] == "draw"
+    ]
+    assert drawn == [(0, "aten.uniform_", 1, line), (1, "aten.uniform_", 1, line)]
 
 
 def test_decorating_a_generator_function_is_refused() -> None:

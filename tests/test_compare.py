@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import random
 
+from event_factory import make_event
+from event_factory import site as make_site
+
 from rngaudit.findings import Finding
 from rngaudit.ranks.rules import compare, signature
-from rngaudit.schema import CallSiteDict, Event, RankRecord
+from rngaudit.schema import CallSiteDict, Event, RankRecord, SamplerDict
 
 
 def site(file: str, line: int, function: str = "f") -> CallSiteDict:
-    return {"file": file, "line": line, "function": function}
+    return make_site(file, line, function)
 
 
 SAMPLER_SITE = site("/venv/site-packages/torch/utils/data/sampler.py", 182, "__iter__")
@@ -29,28 +32,23 @@ def event(
     count: int = 1,
     phase: str = "pre-iteration",
 ) -> Event:
-    return {
-        "seq": seq,
-        "audit": 0,
-        "generator": generator,
-        "op": op,
-        "kind": "draw",
-        "call_site": cs,
-        "chain": [cs, USER],
-        "user_call_site": USER,
-        "count": count,
-        "fingerprint": fp,
-        "thread": "MainThread",
-        "pid": 1,
-        "phase": phase,
-        "sampler": {
-            "chain": "BatchSamplerShard > BatchSampler > RandomSampler",
-            "loader": "StatefulDataLoader#1",
-            "output_digest": fp,
-        }
-        if sampler
-        else None,
+    drew: SamplerDict = {
+        "chain": "BatchSamplerShard > BatchSampler > RandomSampler",
+        "loader": "StatefulDataLoader#1",
+        "output_digest": fp,
     }
+    return make_event(
+        seq,
+        generator=generator,
+        op=op,
+        call_site=cs,
+        chain=[cs, USER],
+        user_call_site=USER,
+        count=count,
+        fingerprint=fp,
+        phase=phase,
+        sampler=drew if sampler else None,
+    )
 
 
 def record(

@@ -7,30 +7,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from event_factory import make_event
 
 import rngaudit
 from rngaudit import schema as records
 from rngaudit.capture.rank_record import merge_deferred
-from rngaudit.schema import DRAW, PRE_ITERATION
 
 
 def _event(seq: int, audit: int) -> records.Event:
-    return {
-        "seq": seq,
-        "audit": audit,
-        "generator": "torch.default_generator",
-        "op": "aten::rand",
-        "kind": DRAW,
-        "call_site": None,
-        "chain": [],
-        "user_call_site": None,
-        "count": 1,
-        "fingerprint": "0000abcd",
-        "thread": "MainThread",
-        "pid": 1,
-        "phase": PRE_ITERATION,
-        "sampler": None,
-    }
+    return make_event(seq, audit=audit)
 
 
 def test_deferred_records_merge_into_one_record_of_the_audit() -> None:

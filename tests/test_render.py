@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+from event_factory import make_event, site
 from samples import DATA, EXTRA_DRAW, GOLDEN, PREPARE, check_golden
 
 from rngaudit.findings import Finding
@@ -29,7 +30,7 @@ from rngaudit.reports.report_text import (
     render_summary,
     render_text,
 )
-from rngaudit.schema import CallSiteDict, Event, Loader, RankRecord
+from rngaudit.schema import Event, Loader, RankRecord
 from rngaudit.wording import format_ranks, format_site, short_path
 
 RENDERERS = {"txt": render_text, "md": render_markdown, "json": render_json}
@@ -40,24 +41,9 @@ def sample(name: str) -> AuditReport:
 
 
 def event(seq: int, op: str = "aten.rand", fp: str | None = "aa", **extra: Any) -> Event:
-    site: CallSiteDict = {"file": "/x/train.py", "line": 10 + seq, "function": "main"}
-    base: Event = {
-        "seq": seq,
-        "audit": 0,
-        "generator": "torch.default_generator",
-        "op": op,
-        "kind": "draw",
-        "call_site": site,
-        "chain": [site],
-        "user_call_site": site,
-        "count": 1,
-        "fingerprint": fp,
-        "thread": "MainThread",
-        "pid": 1,
-        "phase": "pre-iteration",
-        "sampler": None,
-    }
-    return cast(Event, {**base, **extra})  # extra: fields of Event, overridden
+    at = site("/x/train.py", 10 + seq)
+    fields = {"call_site": at, "chain": [at], "user_call_site": at, **extra}
+    return make_event(seq, op=op, fingerprint=fp, **fields)
 
 
 def report_with(*timelines: list[Event]) -> AuditReport:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import re
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -153,11 +154,24 @@ def test_equal_stretches_fold_and_unfold(driver: Any, pages: dict[str, Path]) ->
 
 
 @needs_browser
-def test_screenshot(driver: Any, pages: dict[str, Path], tmp_path: Path) -> None:
-    load(driver, pages["report"])
-    png = tmp_path / "report.png"
-    driver.save_screenshot(str(png))
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+def test_screenshot_shows_the_rendered_page(
+    driver: Any, pages: dict[str, Path], tmp_path: Path
+) -> None:
+    def shot(page: Path) -> bytes:
+        load(driver, page)
+        png = tmp_path / f"{page.stem}.png"
+        driver.save_screenshot(str(png))
+        return png.read_bytes()
+
+    report = shot(pages["report"])
+    blank = tmp_path / "blank.html"
+    blank.write_text("<!DOCTYPE html><html><body></body></html>", encoding="utf-8")
+    empty = shot(blank)
+    assert report[:8] == empty[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", report[16:24])  # the IHDR chunk
+    assert width >= 600 and height >= 300, (width, height)
+    # a page with text, colours and tables compresses far worse than a white window
+    assert len(report) > 5 * len(empty), (len(report), len(empty))
 
 
 def test_skip_reason_is_clear_without_a_browser() -> None:

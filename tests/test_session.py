@@ -1,4 +1,4 @@
-"""Unit tests for rngaudit.ranks.session in one process: findings, checks, files, the policy."""
+"""Unit tests for rngaudit.ranks.session (and its policy) in one process: findings, files."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from rngaudit.findings import (
     worst,
 )
 from rngaudit.ranks import session as session_mod
-from rngaudit.ranks.session import Session, act, for_dir
+from rngaudit.ranks.policy import act, fails, warns
+from rngaudit.ranks.session import Session, for_dir
 from rngaudit.reports.model import AuditReport
 
 
@@ -141,3 +142,12 @@ def test_the_severity_order_and_finding_identity() -> None:
     assert worst("error", "warning") == "error" and worst(None, "bogus") == "ok"
     assert _worker("A").key() == (WORKER_DUPLICATE_STREAM, "A", "self.rng")
     assert _worker("A").key() != _worker("B").key()
+
+
+def test_the_policy_per_finding_is_the_one_act_applies() -> None:
+    error, warning, info = (_worker("A", severity=s) for s in ("error", "warning", "info"))
+    assert [fails(f, "raise") for f in (error, warning, info)] == [True, False, False]
+    assert [fails(f, "raise", strict=True) for f in (error, warning, info)] == [True, True, False]
+    assert not fails(error, "warn") and not fails(error, "report")
+    assert [warns(f, "warn") for f in (error, warning, info)] == [True, True, False]
+    assert not warns(error, "report")

@@ -30,7 +30,7 @@ from rngaudit.epochs import order_rules as epoch_rules
 from rngaudit.epochs import partition, sharding
 from rngaudit.findings import Finding
 from rngaudit.ranks import exchange
-from rngaudit.ranks.session import act
+from rngaudit.ranks.policy import act
 from rngaudit.reports.model import AuditReport
 from rngaudit.schema import DRAW
 

@@ -19,14 +19,12 @@ from rngaudit.capture.rank_record import merge_deferred, rank_record, summarize_
 from rngaudit.capture.recorder import RECORDER, Window
 from rngaudit.config import restart_attempt
 from rngaudit.errors import (
-    RNGAuditError,
-    RNGAuditTimeoutError,
     RNGAuditWarning,
-    RNGDivergenceError,
 )
-from rngaudit.findings import RANK_MISSING, Finding, verdict_of
+from rngaudit.findings import Finding, verdict_of
 from rngaudit.ranks import exchange
 from rngaudit.ranks import rules as compare
+from rngaudit.ranks.policy import act
 from rngaudit.reports import files as report_files
 from rngaudit.reports.model import SCHEMA_VERSION, AuditReport
 
@@ -556,35 +554,3 @@ def for_dir(report_dir: Path, mode: str) -> Session:
             session = _sessions[key] = Session(key, mode)
         session.mode = mode
         return session
-
-
-def act(report: AuditReport, mode: str, strict: bool = False, stacklevel: int = 3) -> None:
-    """Raise or warn for a report's findings, as the mode says (the raise/warn policy).
-
-    ``stacklevel`` is the caller whose line a warning names, as in ``warnings.warn``.
-    """
-    failing = [f for f in report.findings if f.severity == "error"]
-    if strict:
-        failing += [f for f in report.findings if f.severity == "warning"]
-    if mode == "raise" and failing:
-        raise _error_for(failing, report)
-    if mode in ("raise", "warn"):
-        for finding in report.findings:
-            if finding.severity in ("warning", "error"):
-                warnings.warn(_format(finding), RNGAuditWarning, stacklevel=stacklevel)
-
-
-def _format(finding: Finding) -> str:
-    text = f"[{finding.kind}] {finding.message}"
-    if finding.remedy:
-        text += f"\nFix: {finding.remedy}"
-    return text
-
-
-def _error_for(failing: list[Finding], report: AuditReport) -> RNGAuditError:
-    body = "\n\n".join(_format(f) for f in failing)
-    message = f"rngaudit found {len(failing)} problem(s):\n\n{body}"
-    missing = [r for f in failing if f.kind == RANK_MISSING for r in f.ranks]
-    if missing:
-        return RNGAuditTimeoutError(message, report, missing)
-    return RNGDivergenceError(message, report)

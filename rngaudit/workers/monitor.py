@@ -22,7 +22,7 @@ from rngaudit.findings import (
     Finding,
     severity_rank,
 )
-from rngaudit.ranks import exchange
+from rngaudit.ranks import exchange, policy
 from rngaudit.workers import evidence
 from rngaudit.workers.draws import DRAW_PREFIX
 from rngaudit.workers.probe import GeneratorRef, WorkerProbe, find_generators, read_reports
@@ -630,7 +630,7 @@ class WorkerMonitor:
         """Sink and warn new or escalated findings; in raise mode, raise confirmed ones."""
         errors: list[Finding] = []
         for finding in findings:
-            if finding.severity == "error":
+            if policy.fails(finding, self.mode):
                 errors.append(finding)
             key = finding.key()
             with self._lock:
@@ -641,10 +641,8 @@ class WorkerMonitor:
                     continue
                 self._emitted[key] = finding
             self.sink(finding)
-            if self.mode == "report" or finding.severity == "info":
-                continue
-            if self.mode == "raise" and finding.severity == "error":
-                continue  # raised below instead
+            if not policy.warns(finding, self.mode) or policy.fails(finding, self.mode):
+                continue  # not worth a warning, or raised below instead
             warnings.warn(finding.message, RNGAuditWarning, stacklevel=4)
-        if self.mode == "raise" and errors:
+        if errors:
             raise WorkerDuplicateStreamError("\n".join(f.message for f in errors) + "\n" + REMEDY)
