@@ -5,14 +5,7 @@ from __future__ import annotations
 import json
 
 from rngaudit.reports.files import finite
-from rngaudit.reports.report_text import (
-    WIDTH,
-    _event_summary,
-    _run_line,
-    markdown_code,
-    markdown_text,
-    wrap,
-)
+from rngaudit.reports.report_text import WIDTH, markdown_code, markdown_text, wrap
 from rngaudit.reports.run_diff import (
     DIFFERENT_COUNT,
     DIFFERENT_EVENT,
@@ -25,6 +18,7 @@ from rngaudit.reports.run_diff import (
     RunDiff,
     SiteChange,
 )
+from rngaudit.reports.view import event_summary, report_line
 from rngaudit.schema import Event
 from rngaudit.wording import format_site, ranks_phrase
 
@@ -89,7 +83,7 @@ def verdict(diff: RunDiff) -> str:
 
 def run_line(diff: RunDiff, side: str) -> str:
     path, report = (diff.path_a, diff.a) if side == "a" else (diff.path_b, diff.b)
-    return f"{path} ({_run_line(report)}, verdict {report.verdict})"
+    return f"{path} ({report_line(report)}, verdict {report.verdict})"
 
 
 def difference_line(item: Difference) -> str:
@@ -126,7 +120,7 @@ def divergent_events(rank_diff: RankDiff) -> list[tuple[str, Event | None]]:
 
 def event_line(event: Event) -> str:
     """``torch.default_generator aten.rand x1 fp 1a2b3c4d``."""
-    return f"{event.get('generator') or '?'} {_event_summary(event)}"
+    return f"{event.get('generator') or '?'} {event_summary(event)}"
 
 
 def event_where(event: Event) -> str:
@@ -160,7 +154,7 @@ def _fit_line(text: str, width: int) -> str:
 
 def _md_run(diff: RunDiff, side: str) -> str:
     path, report = (diff.path_a, diff.a) if side == "a" else (diff.path_b, diff.b)
-    return f"{markdown_code(str(path))} ({markdown_text(_run_line(report))}, verdict " + (
+    return f"{markdown_code(str(path))} ({markdown_text(report_line(report))}, verdict " + (
         f"{markdown_text(report.verdict)})"
     )
 

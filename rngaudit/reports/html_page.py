@@ -18,21 +18,23 @@ from rngaudit.reports.diff_text import (
     verdict,
 )
 from rngaudit.reports.model import AuditReport
-from rngaudit.reports.report_text import (
-    _audit_suffix,
-    _counts,
-    _divergence_note,
-    _event_key,
-    _event_sites,
-    _event_summary,
-    _finding_fields,
-    _run_line,
-    _Timeline,
-    _timeline_title,
-    _timelines,
+from rngaudit.reports.run_diff import RankDiff, RunDiff, ordered_events
+from rngaudit.reports.view import (
+    Timeline,
+    audit_suffix,
+    counts,
+    divergence_note,
+    event_sites,
+    event_summary,
+    finding_fields,
+    loader_rows,
+    rank_cell_key,
+    report_line,
+    run_cell_key,
+    timeline_title,
+    timelines,
 )
-from rngaudit.reports.run_diff import RankDiff, RunDiff, event_key, ordered_events
-from rngaudit.schema import DRAW, Event, Loader, RankRecord
+from rngaudit.schema import Event, RankRecord
 from rngaudit.wording import format_ranks, ranks_phrase
 
 FOLD_MIN = 2  # equal positions in a row that are folded into one <details>
@@ -65,7 +67,7 @@ def render_html(report: AuditReport) -> str:
     parts.append(
         f'<header class="v-{_e(report.verdict)}"><h1>rngaudit report: '
         f"{_e(report.verdict.upper())}</h1>"
-        f"<div>{_e(_run_line(report))}. {_e(_counts(report.findings).capitalize())}.</div>"
+        f"<div>{_e(report_line(report))}. {_e(counts(report.findings).capitalize())}.</div>"
         "</header>\n"
     )
     if report.findings:
@@ -74,7 +76,7 @@ def render_html(report: AuditReport) -> str:
         parts.append("</section>\n")
     parts.append(_loaders(report))
     first = True
-    for timeline in _timelines(report):
+    for timeline in timelines(report):
         parts.append(_report_timeline(timeline, first))
         first = first and timeline.divergence is None
     parts.append(_page()[1])
@@ -88,9 +90,9 @@ def render_diff_html(diff: RunDiff) -> str:
     parts = [_head(f"rngaudit diff: {word}")]
     parts.append(
         f'<header class="v-{word.lower()}"><h1>rngaudit diff: {word}</h1>'
-        f"<div>A: <code>{_e(diff.path_a)}</code> ({_e(_run_line(diff.a))}, verdict "
+        f"<div>A: <code>{_e(diff.path_a)}</code> ({_e(report_line(diff.a))}, verdict "
         f"{_e(diff.a.verdict)})</div>"
-        f"<div>B: <code>{_e(diff.path_b)}</code> ({_e(_run_line(diff.b))}, verdict "
+        f"<div>B: <code>{_e(diff.path_b)}</code> ({_e(report_line(diff.b))}, verdict "
         f"{_e(diff.b.verdict)})</div></header>\n"
     )
     for title, items in (
@@ -127,7 +129,7 @@ def render_diff_html(diff: RunDiff) -> str:
 def _finding(report: AuditReport, finding: Finding) -> str:
     sev = _e(finding.severity)
     rows = []
-    for label, value in _finding_fields(finding):
+    for label, value in finding_fields(finding):
         if label == "remedy":
             rows.append(f'<dt>fix</dt><dd class="fix">{_e(value)}</dd>')
         elif label in ("generator", "drawn at", "user code"):
@@ -136,29 +138,21 @@ def _finding(report: AuditReport, finding: Finding) -> str:
             rows.append(f"<dt>{_e(label)}</dt><dd>{_e(value)}</dd>")
     return (
         f'<article class="finding s-{sev}"><h3><span class="badge">{sev}</span>'
-        f"<code>{_e(finding.kind)}</code>{_e(_audit_suffix(report, finding.audit))}</h3>"
+        f"<code>{_e(finding.kind)}</code>{_e(audit_suffix(report, finding.audit))}</h3>"
         f"<div>{_e(finding.message)}</div><dl>{''.join(rows)}</dl></article>\n"
     )
 
 
 def _loaders(report: AuditReport) -> str:
     """The loaders built in the audited windows, with sampler chains and early draws."""
-    loaders: dict[tuple[int | None, str], Loader] = {}
-    early: dict[tuple[int | None, str], dict[str, list[int]]] = {}
-    for record in report.ranks:
-        for loader in record.get("loaders") or []:
-            key = (loader.get("audit"), str(loader.get("loader")))
-            loaders.setdefault(key, loader)
-            if loader.get("drew_before_iteration"):
-                states = early.setdefault(key, {})
-                states.setdefault(str(loader.get("fingerprint")), []).append(
-                    int(record.get("rank", 0))
-                )
+    loaders = loader_rows(report)
     if not loaders:
         return ""
     rows = []
-    for key, loader in loaders.items():
-        drawn = early.get(key) or {}
+    for loader, draws in loaders:
+        drawn: dict[str, list[int]] = {}
+        for rank, fp in draws.items():
+            drawn.setdefault(fp, []).append(rank)
         drew = "; ".join(f"{ranks_phrase(r)} state {fp}" for fp, r in drawn.items())
         drew = f"drew: {drew}" if drew else "no draw"
         rows.append(
@@ -174,28 +168,22 @@ def _loaders(report: AuditReport) -> str:
     )
 
 
-def _report_timeline(timeline: _Timeline, first: bool) -> str:
+def _report_timeline(timeline: Timeline, first: bool) -> str:
     """Ranks with identical columns grouped; positions where every group agrees folded."""
     groups: dict[str, list[int]] = {}
     for j, _rank in enumerate(timeline.ranks):
-        column = [_cell_key(row[j]) for row in timeline.rows]
+        column = [rank_cell_key(row[j]) for row in timeline.rows]
         groups.setdefault(json.dumps(column, default=str), []).append(j)
     members = list(groups.values())
     headers = [ranks_phrase([timeline.ranks[j] for j in js]) for js in members]
     rows = [[row[js[0]] for js in members] for row in timeline.rows]
     note_class = "note diverges" if timeline.divergence is not None else "note"
     return (
-        f'<section class="timeline"><h2>{_e(_timeline_title(timeline))}</h2>'
-        f'<p class="{note_class}">{_e(_divergence_note(timeline))}</p>'
+        f'<section class="timeline"><h2>{_e(timeline_title(timeline))}</h2>'
+        f'<p class="{note_class}">{_e(divergence_note(timeline))}</p>'
         + _grid(headers, rows, timeline.divergence, first)
         + "</section>\n"
     )
-
-
-def _cell_key(cell: Cell) -> object:
-    if cell is None:
-        return None
-    return [*_event_key(cell), cell.get("fingerprint") if cell.get("kind") == DRAW else None]
 
 
 # Diff pieces -------------------------------------------------------------------------------
@@ -253,7 +241,7 @@ def _grid(
     diff: bool = False,
 ) -> str:
     """Columns side by side, one row per position; runs of equal positions folded."""
-    key = _diff_key if diff else _cell_key
+    key = run_cell_key if diff else rank_cell_key
     out = [f'<div class="scroll"><div class="grid" style="--cols: {len(headers)}">']
     out.append(
         '<div class="row head"><div class="pos">#</div>'
@@ -279,13 +267,6 @@ def _grid(
     if len(rows) > MAX_ROWS:
         out.append(f'<p class="muted">{len(rows) - MAX_ROWS} later positions not shown.</p>')
     return "".join(out)
-
-
-def _diff_key(cell: Cell) -> object:
-    if cell is None:
-        return None
-    state = cell.get("fingerprint") if cell.get("kind") == DRAW else None
-    return [*event_key(cell), cell.get("count"), state]
 
 
 def _stretches(
@@ -323,10 +304,10 @@ def _cell(event: Cell, differs: bool) -> str:
     css = ' class="differs"' if differs else ""
     if event is None:
         return f'<div{css}><span class="none">(no event)</span></div>'
-    sites = "".join(f'<div class="site mono">{_e(site)}</div>' for site in _event_sites(event))
+    sites = "".join(f'<div class="site mono">{_e(site)}</div>' for site in event_sites(event))
     return (
         f'<div{css}><div class="gen mono">{_e(str(event.get("generator") or "?"))}</div>'
-        f'<div class="mono">{_e(_event_summary(event))}</div>{sites}</div>'
+        f'<div class="mono">{_e(event_summary(event))}</div>{sites}</div>'
     )
 
 

@@ -5,15 +5,27 @@ from __future__ import annotations
 import json
 import re
 import textwrap
-from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TextIO
 
-from rngaudit.findings import SEVERITIES, Finding
+from rngaudit.findings import Finding
 from rngaudit.reports.files import finite
 from rngaudit.reports.model import AuditReport
-from rngaudit.schema import DRAW, PRE_ITERATION, AuditDict, Event, Loader
-from rngaudit.wording import format_ranks, format_site, ranks_phrase
+from rngaudit.reports.view import (
+    Timeline,
+    audit_name,
+    audit_suffix,
+    counts,
+    divergence_note,
+    event_sites,
+    event_summary,
+    finding_fields,
+    loader_rows,
+    report_line,
+    timeline_title,
+    timelines,
+)
+from rngaudit.schema import Event
+from rngaudit.wording import ranks_phrase
 
 WIDTH = 100
 MAX_TIMELINE_ROWS = 60
@@ -47,12 +59,12 @@ def write_json(report: AuditReport, out: TextIO, chunk: int = 1 << 16) -> None:
 
 def render_text(report: AuditReport, *, width: int = WIDTH) -> str:
     """Verdict, findings, then each audit's pre-iteration draws side by side per rank."""
-    head = f"rngaudit: {report.verdict.upper()} ({_run_line(report)})"
+    head = f"rngaudit: {report.verdict.upper()} ({report_line(report)})"
     lines = wrap(head, width, subsequent_indent=_INDENT, break_on_hyphens=False)
     if len(report.audits) > 1:
-        audits = "audits: " + ", ".join(_audit_name(a) for a in report.audits)
+        audits = "audits: " + ", ".join(audit_name(a) for a in report.audits)
         lines += wrap(audits, width, subsequent_indent=_INDENT, break_on_hyphens=False)
-    lines.append(_counts(report.findings).capitalize() + ".")
+    lines.append(counts(report.findings).capitalize() + ".")
     for finding in report.findings:
         lines += ["", *_text_finding(report, finding, width)]
     loaders = _loader_lines(report)
@@ -60,7 +72,7 @@ def render_text(report: AuditReport, *, width: int = WIDTH) -> str:
         lines += ["", "Loaders built in the audited windows:"]
         for line in loaders:
             lines += wrap(line, width, initial_indent="  ", subsequent_indent="      ")
-    for timeline in _timelines(report):
+    for timeline in timelines(report):
         lines += ["", *_text_timeline(timeline, width)]
     return "\n".join(line.rstrip() for line in lines) + "\n"
 
@@ -75,8 +87,8 @@ def render_markdown(report: AuditReport) -> str:
         f"- Mode: {markdown_text(report.mode)}",
     ]
     if len(report.audits) > 1:
-        lines.append("- Audits: " + ", ".join(markdown_text(_audit_name(a)) for a in report.audits))
-    lines.append(f"- {_counts(report.findings).capitalize()}")
+        lines.append("- Audits: " + ", ".join(markdown_text(audit_name(a)) for a in report.audits))
+    lines.append(f"- {counts(report.findings).capitalize()}")
     if report.findings:
         lines += ["", "## Findings"]
     for number, finding in enumerate(report.findings, 1):
@@ -84,14 +96,16 @@ def render_markdown(report: AuditReport) -> str:
     loaders = _loader_lines(report)
     if loaders:
         lines += ["", "## Loaders", "", *(f"- {markdown_text(line)}" for line in loaders)]
-    for timeline in _timelines(report):
+    for timeline in timelines(report):
         lines += ["", *_markdown_timeline(timeline)]
     return "\n".join(lines) + "\n"
 
 
 def render_summary(report: AuditReport, *, width: int = WIDTH) -> str:
     """A few lines for the end of ``rngaudit run``: the verdict, then each finding wrapped."""
-    lines = [f"rngaudit: {report.verdict.upper()}, {_counts(report.findings)}; {_run_line(report)}"]
+    lines = [
+        f"rngaudit: {report.verdict.upper()}, {counts(report.findings)}; {report_line(report)}"
+    ]
     for finding in report.findings:
         lines += wrap(
             f"{finding.severity} {finding.kind}: {finding.message}",
@@ -149,19 +163,8 @@ def wrap(
 
 def _loader_lines(report: AuditReport) -> list[str]:
     """One line per loader (audit, name): sampler, generator, and the early draw per rank."""
-    seen: dict[tuple[int | None, str], Loader] = {}
-    early: dict[tuple[int | None, str], dict[int, str]] = {}
-    for record in report.ranks:
-        for loader in record.get("loaders") or []:
-            key = (loader.get("audit"), str(loader.get("loader")))
-            seen.setdefault(key, loader)
-            if loader.get("drew_before_iteration"):
-                early.setdefault(key, {})[int(record.get("rank", 0))] = str(
-                    loader.get("fingerprint")
-                )
     lines = []
-    for key, loader in seen.items():
-        draws = early.get(key)
+    for loader, draws in loader_rows(report):
         if draws:
             by_fp: dict[str, list[int]] = {}
             for rank, fp in sorted(draws.items()):
@@ -177,57 +180,6 @@ def _loader_lines(report: AuditReport) -> list[str]:
     return lines
 
 
-def _run_line(report: AuditReport) -> str:
-    return f"run {report.run_id or '?'}, world size {report.world_size}, mode {report.mode}"
-
-
-def _counts(findings: list[Finding]) -> str:
-    """``2 findings (1 error, 1 warning)``, or ``no findings``."""
-    if not findings:
-        return "no findings"
-    counts = [
-        f"{n} {severity}{'s' if n > 1 else ''}"
-        for severity in reversed(SEVERITIES)
-        if (n := sum(f.severity == severity for f in findings))
-    ]
-    noun = "finding" if len(findings) == 1 else "findings"
-    return f"{len(findings)} {noun} ({', '.join(counts)})"
-
-
-def _audit_name(audit: AuditDict) -> str:
-    name = f"#{audit.get('index', 0)}"
-    if audit.get("label"):
-        name += f" {audit['label']}"
-    if audit.get("verdict"):
-        name += f" ({audit['verdict']})"
-    return name
-
-
-def _audit_suffix(report: AuditReport, index: int) -> str:
-    """`` (audit 1 "epoch 1")`` when the report holds several audits, else nothing."""
-    if len(report.audits) <= 1:
-        return ""
-    labels = {a.get("index"): a.get("label") for a in report.audits}
-    label = labels.get(index)
-    return f" (audit {index} {label!r})" if label else f" (audit {index})"
-
-
-def _finding_fields(finding: Finding) -> list[tuple[str, str]]:
-    fields = [
-        ("generator", finding.generator or ""),
-        ("drawn at", format_site(finding.call_site)),
-        ("user code", format_site(finding.user_call_site)),
-        ("ranks", format_ranks(finding.ranks)),
-        ("remedy", finding.remedy or ""),
-        ("details", ", ".join(f"{k}={_scalar(v)}" for k, v in finding.details.items())),
-    ]
-    return [(label, value) for label, value in fields if value]
-
-
-def _scalar(value: object) -> str:
-    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
-
-
 def _fit(text: str, width: int, *, keep_end: bool = False) -> str:
     if len(text) <= width:
         return text
@@ -239,98 +191,7 @@ def _fit(text: str, width: int, *, keep_end: bool = False) -> str:
 # Timelines ---------------------------------------------------------------------------------
 
 
-@dataclass
-class _Timeline:
-    """One audit's pre-iteration events, one column per rank, aligned by position."""
-
-    audit: int
-    label: str
-    ranks: list[int]
-    rows: list[list[Event | None]]
-    divergence: int | None
-    reason: str
-
-
-def _timelines(report: AuditReport) -> list[_Timeline]:
-    records = sorted(report.ranks, key=lambda r: _number(r, "rank"))
-    per_rank = [
-        [e for e in r.get("events") or [] if e.get("phase") == PRE_ITERATION] for r in records
-    ]
-    audits = sorted({_number(e, "audit") for events in per_rank for e in events})
-    labels = {a.get("index"): str(a.get("label") or "") for a in report.audits}
-    timelines = []
-    for audit in audits:
-        columns = [
-            sorted(
-                (e for e in events if _number(e, "audit") == audit), key=lambda e: _number(e, "seq")
-            )
-            for events in per_rank
-        ]
-        depth = max(len(column) for column in columns)
-        rows = [[col[i] if i < len(col) else None for col in columns] for i in range(depth)]
-        ranks = [_number(r, "rank") for r in records]
-        divergence, reason = _first_divergence(rows, ranks)
-        timelines.append(_Timeline(audit, labels.get(audit, ""), ranks, rows, divergence, reason))
-    return timelines
-
-
-def _number(data: Mapping[str, object], key: str, default: int = 0) -> int:
-    """An integer field of a record or event; ``default`` when it is absent or null."""
-    value = data.get(key)
-    return value if isinstance(value, int) else default
-
-
-def _first_divergence(rows: list[list[Event | None]], ranks: list[int]) -> tuple[int | None, str]:
-    for i, cells in enumerate(rows):
-        absent = [rank for rank, cell in zip(ranks, cells, strict=True) if cell is None]
-        if absent:
-            which = "rank" if len(absent) == 1 else "ranks"
-            verb = "has" if len(absent) == 1 else "have"
-            return i, f"{which} {format_ranks(absent)} {verb} no event here"
-        events = [cell for cell in cells if cell is not None]
-        if len({_event_key(e) for e in events}) > 1:
-            return i, "ranks differ in generator, op, call site or count"
-        fingerprints = [e.get("fingerprint") for e in events]
-        if (
-            all(e.get("kind") == DRAW for e in events)
-            and all(fingerprints)
-            and len(set(fingerprints)) > 1
-        ):
-            return i, "same draw, different generator state (fingerprint)"
-    return None, ""
-
-
-EventKey = tuple[str | None, str | None, str | None, str, int]
-
-
-def _event_key(event: Event) -> EventKey:
-    return (
-        event.get("kind"),
-        event.get("generator"),
-        event.get("op"),
-        format_site(event.get("call_site")),
-        _number(event, "count", 1),
-    )
-
-
-def _event_summary(event: Event) -> str:
-    """``aten.rand x1 fp 5e6f7a8b [sampler]``."""
-    text = f"{event.get('op') or '?'} x{_number(event, 'count', 1)}"
-    if event.get("fingerprint"):
-        text += f" fp {str(event['fingerprint'])[:8]}"
-    if event.get("sampler"):
-        text += " [sampler]"
-    return text
-
-
-def _event_sites(event: Event) -> list[str]:
-    """The library call site, then the user's call site when it is another place."""
-    site = format_site(event.get("call_site"), function=False)
-    user = format_site(event.get("user_call_site"), function=False)
-    return [s for s in (site, f"from {user}" if user and user != site else "") if s]
-
-
-def _visible_rows(timeline: _Timeline, max_rows: int) -> tuple[int, int]:
+def _visible_rows(timeline: Timeline, max_rows: int) -> tuple[int, int]:
     total = len(timeline.rows)
     if total <= max_rows:
         return 0, total
@@ -339,25 +200,14 @@ def _visible_rows(timeline: _Timeline, max_rows: int) -> tuple[int, int]:
     return start, start + max_rows
 
 
-def _divergence_note(timeline: _Timeline) -> str:
-    if timeline.divergence is None:
-        return "No divergence: every rank made the same draws from the same generator state."
-    return f"first divergence at position {timeline.divergence}: {timeline.reason}."
-
-
-def _timeline_title(timeline: _Timeline) -> str:
-    label = f" {timeline.label!r}" if timeline.label else ""
-    return f"Pre-iteration timeline, audit {timeline.audit}{label}"
-
-
 # Text --------------------------------------------------------------------------------------
 
 
 def _text_finding(report: AuditReport, finding: Finding, width: int) -> list[str]:
-    lines = [f"[{finding.severity}] {finding.kind}{_audit_suffix(report, finding.audit)}"]
+    lines = [f"[{finding.severity}] {finding.kind}{audit_suffix(report, finding.audit)}"]
     lines += wrap(finding.message, width, initial_indent=_INDENT, subsequent_indent=_INDENT)
     hanging = _INDENT + " " * _LABEL
-    for label, value in _finding_fields(finding):
+    for label, value in finding_fields(finding):
         lines += wrap(
             value,
             width,
@@ -368,12 +218,12 @@ def _text_finding(report: AuditReport, finding: Finding, width: int) -> list[str
     return lines
 
 
-def _text_timeline(timeline: _Timeline, width: int) -> list[str]:
+def _text_timeline(timeline: Timeline, width: int) -> list[str]:
     per_block = max(1, (width - _PREFIX + len(_GAP)) // (_MIN_COLUMN + len(_GAP)))
     columns = min(per_block, len(timeline.ranks))
     column_width = (width - _PREFIX - len(_GAP) * (columns - 1)) // columns
     start, stop = _visible_rows(timeline, MAX_TIMELINE_ROWS)
-    title = f"{_timeline_title(timeline)} (one column per rank, aligned by position):"
+    title = f"{timeline_title(timeline)} (one column per rank, aligned by position):"
     lines = wrap(title, width)
     for first in range(0, len(timeline.ranks), columns):
         block = range(first, min(first + columns, len(timeline.ranks)))
@@ -399,7 +249,7 @@ def _text_timeline(timeline: _Timeline, width: int) -> list[str]:
             )
     if lines[-1]:
         lines.append("")
-    note = _divergence_note(timeline)
+    note = divergence_note(timeline)
     marker = ">> " if timeline.divergence is not None else ""
     lines += wrap(marker + note, width, subsequent_indent=" " * len(marker))
     return lines
@@ -414,8 +264,8 @@ def _text_cell(event: Event | None, column_width: int) -> list[str]:
     if event is None:
         return ["(no event)"]
     lines = [_fit(str(event.get("generator") or "?"), column_width)]
-    lines.append(_fit(_event_summary(event), column_width))
-    lines += [_fit(site, column_width, keep_end=True) for site in _event_sites(event)]
+    lines.append(_fit(event_summary(event), column_width))
+    lines += [_fit(site, column_width, keep_end=True) for site in event_sites(event)]
     return lines
 
 
@@ -424,18 +274,18 @@ def _text_cell(event: Event | None, column_width: int) -> list[str]:
 
 def _markdown_finding(report: AuditReport, finding: Finding, number: int) -> list[str]:
     title = f"### {number}. {markdown_text(finding.severity)}: {markdown_code(finding.kind)}"
-    suffix = _audit_suffix(report, finding.audit).strip()
+    suffix = audit_suffix(report, finding.audit).strip()
     title += f" {markdown_text(suffix)}" if suffix else ""
     lines = [title, "", markdown_text(finding.message, lines=True), ""]
     code = {"generator", "drawn at", "user code"}
-    for label, value in _finding_fields(finding):
+    for label, value in finding_fields(finding):
         shown = markdown_code(value) if label in code else markdown_text(value)
         lines.append(f"- **{label.capitalize()}:** {shown}")
     return lines
 
 
-def _markdown_timeline(timeline: _Timeline) -> list[str]:
-    lines = [f"## {markdown_text(_timeline_title(timeline))}", ""]
+def _markdown_timeline(timeline: Timeline) -> list[str]:
+    lines = [f"## {markdown_text(timeline_title(timeline))}", ""]
     lines.append("| # | " + " | ".join(f"rank {rank}" for rank in timeline.ranks) + " |")
     lines.append("|---:|" + "---|" * len(timeline.ranks))
     start, stop = _visible_rows(timeline, MAX_TIMELINE_ROWS)
@@ -447,7 +297,7 @@ def _markdown_timeline(timeline: _Timeline) -> list[str]:
     lines.append("")
     if hidden:
         lines += [f"{hidden} positions not shown (earlier: {start}).", ""]
-    note = markdown_text(_divergence_note(timeline))
+    note = markdown_text(divergence_note(timeline))
     lines.append(f"**>>** {note}" if timeline.divergence is not None else note)
     return lines
 
@@ -457,8 +307,8 @@ def _markdown_cell(event: Event | None) -> str:
         return "(no event)"
     parts = [
         markdown_code(str(event.get("generator") or "?"), table=True),
-        markdown_text(_event_summary(event), table=True),
-        *(markdown_text(site, table=True) for site in _event_sites(event)),
+        markdown_text(event_summary(event), table=True),
+        *(markdown_text(site, table=True) for site in event_sites(event)),
     ]
     return "<br>".join(parts)
 
