@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rngaudit.schema import CallSiteDict, FindingDict
+from rngaudit.wording import format_ranks
 
 SEVERITIES = ("info", "warning", "error")  # the one severity order, mildest first
 
@@ -120,3 +121,23 @@ def verdict_of(findings: list[Finding]) -> str:
     if "warning" in severities:
         return "warning"
     return "ok"
+
+
+def rank_missing(
+    missing: list[int],
+    arrived: list[int],
+    *,
+    where: str,
+    timeout: float | None,
+    unseen: str,
+    **fields: Any,
+) -> Finding:
+    """Ranks that did not arrive at an exchange (``where``: "arrive at the rngaudit exchange")
+    within ``timeout``: what was not compared (``unseen``) and who did arrive; ``fields``:
+    the finding's severity, remedy, audit and details."""
+    waited = f" within {timeout:g} s" if timeout is not None else ""
+    message = (
+        f"Rank(s) {format_ranks(missing)} did not {where}{waited} "
+        f"(arrived: {format_ranks(arrived)}); {unseen} were not compared."
+    )
+    return Finding(kind=RANK_MISSING, message=message, ranks=list(missing), **fields)

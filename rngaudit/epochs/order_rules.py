@@ -8,7 +8,7 @@ from rngaudit import findings as fk
 from rngaudit.epochs import partition
 from rngaudit.findings import Finding
 from rngaudit.schema import EpochRecord, SamplerDraw
-from rngaudit.wording import format_ranks, format_site, ranks_phrase
+from rngaudit.wording import format_site, ranks_phrase
 
 ORDER_REMEDY = (
     "Make the order every rank shards come from state that is identical on every rank: give "
@@ -119,15 +119,13 @@ def compare(
     if missing:
         arrived = [int(r["rank"]) for r in records]
         out.append(
-            Finding(
-                kind=fk.RANK_MISSING,
+            fk.rank_missing(
+                missing,
+                arrived,
+                where=f"reach the order check of {where}",
+                timeout=timeout,
+                unseen="the orders",
                 severity="warning",
-                message=(
-                    f"Rank(s) {format_ranks(missing)} did not reach the order check of {where}"
-                    + (f" within {timeout:g} s" if timeout is not None else "")
-                    + f" (arrived: {format_ranks(arrived)}); the orders were not compared."
-                ),
-                ranks=list(missing),
                 remedy="A sharded loader must be iterated by every rank; iterate "
                 "rank-0-only evaluation loaders without a DistributedSampler.",
                 details={"loader": loader, "epoch": epoch, "check": "epoch-order"},

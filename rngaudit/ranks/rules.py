@@ -321,16 +321,14 @@ def compare(
     out: list[Finding] = []
     if missing:
         arrived = sorted(arrived) if arrived is not None else [int(r["rank"]) for r in records]
-        waited = f" within {timeout:g} s" if timeout is not None else ""
         out.append(
-            Finding(
-                kind=fk.RANK_MISSING,
+            fk.rank_missing(
+                missing,
+                arrived,
+                where="arrive at the rngaudit exchange",
+                timeout=timeout,
+                unseen="their draws",
                 severity="error",
-                message=(
-                    f"Rank(s) {format_ranks(missing)} did not arrive at the rngaudit exchange"
-                    f"{waited} (arrived: {format_ranks(arrived)}); their draws were not compared."
-                ),
-                ranks=list(missing),
                 remedy="Check that every rank runs the audited block the same number of times "
                 "and that none crashed or is stuck; raise timeout= / RNGAUDIT_TIMEOUT if slow.",
                 audit=audit,
