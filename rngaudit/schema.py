@@ -42,7 +42,7 @@ class _EventBase(TypedDict):
     audit: int
     generator: str  # named by rngaudit.capture.naming
     op: str
-    kind: str  # events.DRAW, SEED, STATE or CREATE
+    kind: str  # DRAW, SEED, STATE or CREATE (above)
     call_site: CallSiteDict | None
     chain: list[CallSiteDict]
     user_call_site: CallSiteDict | None
@@ -50,12 +50,12 @@ class _EventBase(TypedDict):
     fingerprint: str | None  # fingerprint.py: 8 hex digits
     thread: str
     pid: int
-    phase: str  # events.PRE_ITERATION or ITERATION
+    phase: str  # PRE_ITERATION or ITERATION (above)
     sampler: SamplerDict | None
 
 
 class Event(_EventBase, total=False):
-    """One aggregated draw, seeding or state operation (``events.Event.to_dict()``)."""
+    """One aggregated draw, seeding or state operation (``event_log.Event.to_dict()``)."""
 
     aggregated: AggregateDict  # only on a "<family>#>N" generator's event (naming.is_aggregate)
 
@@ -71,7 +71,7 @@ class _LoaderBase(TypedDict):
 
 
 class Loader(_LoaderBase, total=False):
-    """A DataLoader built in an audit window (``record.summarize_loaders``)."""
+    """A DataLoader built in an audit window (``rank_record.summarize_loaders``)."""
 
     audit: int  # added when the rank file accumulates audits
     samples: dict[str, Any]  # partition.dataset_samples: its root samples, when it holds a Subset
@@ -89,7 +89,7 @@ class EnvironmentDict(TypedDict):
 class RankRecord(TypedDict, total=False):
     """One rank's record: exchanged and compared per audit, accumulated in its rank file.
 
-    ``record.rank_record`` builds pid..framework; the session adds rank, run_id, audit_index
+    ``rank_record.rank_record`` builds pid..framework; the session adds rank, run_id, audit_index
     and signature before the exchange. A rank whose record was not fetched (equal to another)
     arrives as a stub: rank, signature, same_as and an empty events list. The rank file and
     the merged report's ``ranks`` keep rank, pid, host, events, loaders, states, run_id,
@@ -118,7 +118,7 @@ class RankRecord(TypedDict, total=False):
 
 
 class SamplerDraw(TypedDict):
-    """A sampler draw that made an epoch's order (``epoch_check.draw_summary``)."""
+    """A sampler draw that made an epoch's order (``order_check._draw_summary``)."""
 
     op: str | None
     generator: str | None
@@ -189,7 +189,7 @@ class AuditDict(_AuditBase, total=False):
 
 
 class _ReportBase(TypedDict):
-    schema_version: int  # report.SCHEMA_VERSION
+    schema_version: int  # reports.model.SCHEMA_VERSION
     run_id: str
     world_size: int
     findings: list[FindingDict]

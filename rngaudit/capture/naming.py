@@ -11,7 +11,7 @@ PYTHON_GLOBAL = "random (global)"
 NUMPY_GLOBAL = "numpy.random (global)"
 NUMBER_MARK = "#"  # explicit generators: "<family>#<n>", numbered per process in order of sight
 # Generators named one by one per family and window; every further one of the family shares
-# one name, "<family>#>256", so its events aggregate per call site (see events.Event.digest).
+# one name, "<family>#>256", so its events aggregate per call site (see event_log.Event.digest).
 NAMED_PER_FAMILY = 256
 BEYOND_MARK = NUMBER_MARK + ">"
 
