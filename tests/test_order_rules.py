@@ -1,0 +1,105 @@
+"""Unit tests for rngaudit.epochs.order_rules: epoch records built from real torch samplers
+and datasets (the truth: the orders the samplers really produce), judged by the rules."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler, Subset, TensorDataset
+
+from rngaudit.epochs import order_rules, sharding
+from rngaudit.findings import (
+    DATASET_DIVERGENCE,
+    EPOCH_ORDER_REPEATED,
+    RANK_MISSING,
+    SAMPLER_DRAW_DIVERGENCE,
+)
+from rngaudit.schema import EpochRecord
+
+DATA = TensorDataset(torch.arange(40))
+
+
+def _record(rank: int, seed: int, dataset: Any = DATA, epoch: int = 0) -> EpochRecord:
+    """Rank ``rank``'s record of one epoch: the order a seeded RandomSampler really draws."""
+    batches = BatchSampler(
+        RandomSampler(dataset, generator=torch.Generator().manual_seed(seed)), 4, False
+    )
+    tape = sharding.OrderTape()
+    order = [list(batch) for batch in batches]
+    for batch in order:
+        tape.add(batch)
+    record: EpochRecord = {
+        "loader": "DataLoader#1",
+        "epoch": epoch,
+        "chain": "BatchSampler > RandomSampler",
+        "shuffling": True,
+        "dataset": sharding.describe_dataset(dataset),
+        "content": "",
+        "sampler_state": None,
+        "position": 0,
+        "order": tape.batches,
+        "draws": [],
+        "rank": rank,
+    }
+    return record
+
+
+def _orders_equal(a: EpochRecord, b: EpochRecord) -> bool:
+    return a["order"] == b["order"]
+
+
+def test_ranks_drawing_one_order_of_one_dataset_agree() -> None:
+    records = [_record(0, seed=5), _record(1, seed=5)]
+    assert _orders_equal(*records)  # the truth, measured: one order
+    assert order_rules.compare(records, missing=[]) == []
+
+
+def test_ranks_drawing_different_orders_are_an_error_naming_both() -> None:
+    records = [_record(0, seed=5), _record(1, seed=6)]
+    assert not _orders_equal(*records)  # the truth: the ranks shard two different orders
+    (finding,) = order_rules.compare(records, missing=[])
+    assert (finding.kind, finding.severity, finding.ranks) == (
+        SAMPLER_DRAW_DIVERGENCE,
+        "error",
+        [0, 1],
+    )
+
+
+def test_ranks_holding_different_splits_are_a_dataset_divergence() -> None:
+    records = [
+        _record(0, 5, Subset(DATA, range(0, 20))),
+        _record(1, 5, Subset(DATA, range(20, 40))),
+    ]
+    kinds = [f.kind for f in order_rules.compare(records, missing=[])]
+    assert kinds[0] == DATASET_DIVERGENCE
+
+
+def test_a_missing_rank_is_a_warning_naming_who_arrived() -> None:
+    (finding,) = order_rules.compare([_record(0, 5)], missing=[1], timeout=2.0)
+    assert (finding.kind, finding.severity, finding.ranks) == (RANK_MISSING, "warning", [1])
+    assert "within 2 s (arrived: 0)" in finding.message
+    assert order_rules.compare([], missing=[1]) == []
+
+
+def test_an_epoch_repeating_the_last_order_is_named() -> None:
+    first, again = _record(0, 5, epoch=0), _record(0, 5, epoch=1)
+    repeated = order_rules.repeated(again, first)
+    assert repeated is not None and repeated.kind == EPOCH_ORDER_REPEATED
+    assert order_rules.repeated(_record(0, 6, epoch=1), first) is None  # advanced: a new order
+    assert order_rules.repeated(first, None) is None
+    unshuffled = {**again, "shuffling": False}
+    assert order_rules.repeated(unshuffled, first) is None  # type: ignore[arg-type]
+
+
+def test_a_distributed_sampler_state_difference_is_named_without_any_order() -> None:
+    def with_state(rank: int, seed: int) -> EpochRecord:
+        sampler: DistributedSampler[Any] = DistributedSampler(DATA, 2, rank, seed=seed)
+        return {
+            **_record(rank, 5),
+            "order": [],
+            "sampler_state": sharding.distributed_sampler_state(sampler),
+        }
+
+    (finding,) = order_rules.compare([with_state(0, 1), with_state(1, 2)], missing=[])
+    assert finding.kind == SAMPLER_DRAW_DIVERGENCE and "seed" in finding.message
