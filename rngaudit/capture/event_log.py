@@ -8,7 +8,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from rngaudit import forksafe, schema
+from rngaudit import forksafe
+from rngaudit import schema as records
 from rngaudit.capture.callsite import CallSite
 from rngaudit.schema import CREATE as CREATE
 from rngaudit.schema import DRAW as DRAW
@@ -26,7 +27,7 @@ class SamplerInfo:
     loader: str | None = None
     output_digest: str | None = None
 
-    def to_dict(self) -> schema.SamplerDict:
+    def to_dict(self) -> records.SamplerDict:
         return {"chain": self.chain, "loader": self.loader, "output_digest": self.output_digest}
 
 
@@ -61,8 +62,8 @@ class Event:
         self.last_fingerprint = fingerprint
         self.digest = zlib.crc32(str(fingerprint).encode(), self.digest or 0)
 
-    def to_dict(self) -> schema.Event:
-        out: schema.Event = {
+    def to_dict(self) -> records.Event:
+        out: records.Event = {
             "seq": self.seq,
             "audit": self.audit,
             "generator": self.generator,
