@@ -26,8 +26,8 @@ from rngaudit.errors import ConfigError, ReportError, RNGAuditError
 from rngaudit.reports.diff_text import render_diff_json, render_diff_markdown, render_diff_text
 from rngaudit.reports.files import set_aside, write_text
 from rngaudit.reports.html_page import render_diff_html, render_html
-from rngaudit.reports.load import find_report_files, load_report_dir
 from rngaudit.reports.model import AuditReport
+from rngaudit.reports.reading import find_report_files, load_report_dir
 from rngaudit.reports.report_text import (
     render_json,
     render_markdown,

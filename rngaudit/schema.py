@@ -9,8 +9,8 @@ PRE_ITERATION, ITERATION = "pre-iteration", "iteration"  # event phases
 
 # docs/report-format.md describes these fields in words; this module is their one definition.
 # The producer writes every field of Event, Loader, SamplerDict and CallSiteDict. A report read
-# from disk (reports.load) is checked against these classes field by field, but it needs only
-# the fields reports.load names as required: a file written by hand or by an older rngaudit may
+# from disk (reports.reading) is checked against these classes field by field, but it needs only
+# the fields reports.reading names as required: a file written by hand or by an older rngaudit may
 # lack the others or hold null, so code that reads a loaded report uses .get() with a fallback.
 
 

@@ -420,7 +420,7 @@ def test_version() -> None:
 
 def test_cli_import_does_not_import_heavy_modules() -> None:
     code = (
-        "import sys, rngaudit.cli, rngaudit.reports.report_text, rngaudit.reports.load\n"
+        "import sys, rngaudit.cli, rngaudit.reports.report_text, rngaudit.reports.reading\n"
         "print(sorted(m for m in ('torch', 'numpy', 'accelerate') if m in sys.modules))"
     )
     result = subprocess.run(

@@ -15,7 +15,7 @@ from conftest import ROOT, run_python
 
 from rngaudit.cli import main
 from rngaudit.reports.diff_text import render_diff_text
-from rngaudit.reports.load import load_report_dir
+from rngaudit.reports.reading import load_report_dir
 from rngaudit.reports.run_diff import diff_dirs, diff_reports
 
 SCRIPT = "tests/envmode/seeded_diff.py"

@@ -34,7 +34,7 @@ def test_the_cli_loads_only_the_offline_half() -> None:
     result = run_python(["-c", code])
     assert result.returncode == 0, result.stderr
     loaded = result.stdout.split()
-    assert "rngaudit.reports.load" in loaded and "rngaudit.reports.html_page" in loaded
+    assert "rngaudit.reports.reading" in loaded and "rngaudit.reports.html_page" in loaded
     engine = ("rngaudit.capture", "rngaudit.ranks", "rngaudit.epochs", "rngaudit.workers")
     assert [m for m in loaded if m.startswith(engine)] == []
     assert not {"rngaudit.with_block", "rngaudit.whole_run", "rngaudit.startup"} & set(loaded)

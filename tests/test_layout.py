@@ -66,3 +66,14 @@ def test_the_page_template_and_style_are_package_data() -> None:
     html = render_html(AuditReport(run_id="{body}"))  # a placeholder in the data stays data
     assert f"<style>\n{style}</style>" in html and "{title}" not in html
     assert html.startswith("<!DOCTYPE html>") and html.endswith("</body>\n</html>\n")
+
+
+def test_no_module_name_is_the_start_of_another() -> None:
+    """No look-alikes such as record / records / recorder or report / report_read."""
+    names = {
+        path.parent.name if path.stem == "__init__" else path.stem
+        for path in PACKAGE.rglob("*.py")
+        if path.stem != "__main__"
+    }
+    pairs = sorted((a, b) for a in names for b in names if a != b and b.startswith(a))
+    assert not pairs, pairs

@@ -1,4 +1,4 @@
-"""Tests for rngaudit.reports.load: reading report.json, merging rank files, refusing bad input."""
+"""Tests for rngaudit.reports.reading: report.json read, rank files merged, bad input refused."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from samples import AUDIT, DATA
 from rngaudit import schema as records
 from rngaudit.errors import ReportError
 from rngaudit.findings import RANK_MISSING
-from rngaudit.reports.load import find_report_files, load_report_dir
+from rngaudit.reports.reading import find_report_files, load_report_dir
 
 
 def rank_doc(

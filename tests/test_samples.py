@@ -17,7 +17,7 @@ from samples import AUDIT, CASES, DATA, EXTRA_DRAW, PREPARE, SCENARIO, check_gol
 from rngaudit.capture import environment
 from rngaudit.cli import main
 from rngaudit.findings import Finding
-from rngaudit.reports.load import load_report_dir
+from rngaudit.reports.reading import load_report_dir
 from rngaudit.schema import CallSiteDict, Event, Loader, RankRecord, SamplerDict
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,8 +8,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rngaudit.reports.load import load_report_dir
 from rngaudit.reports.model import AuditReport
+from rngaudit.reports.reading import load_report_dir
 from rngaudit.schema import DRAW, Event, Loader, RankRecord
 from rngaudit.wording import format_site
 
