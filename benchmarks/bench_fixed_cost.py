@@ -135,6 +135,40 @@ def breakdown(cmd: list[str], tmp: Path, runs: int) -> dict[str, Any]:
     return out
 
 
+# What each process of the runs imports, for the arming measurement (a fresh process each).
+IMPORTS = {
+    "hf": {
+        "launcher": "import torch.distributed.run",
+        "rank": "import torch, datasets, transformers.trainer",
+    },
+    "lightning": {"rank": "import torch, pytorch_lightning"},
+}
+CPU_AT_END = "; import time, sys; sys.stdout.write(repr(time.process_time()))"
+
+
+def arming(fw: str, pairs: int, tmp: Path) -> dict[str, Any]:
+    """Start-up alone: a fresh process that imports what the run's processes import, with
+    RNGAUDIT=1 and unset alternated (ABBA); its own CPU seconds at the end, and the wall time.
+    The difference is the net cost of arming and of the import hooks (kernel registration,
+    the worker check's install), imports that the program makes anyway not counted twice."""
+    out: dict[str, Any] = {}
+    for who, code in IMPORTS[fw].items():
+        diffs: dict[str, list[float]] = {"cpu": [], "wall": []}
+        for i in range(pairs):
+            got: dict[bool, dict[str, float]] = {}
+            for audited in (False, True) if i % 2 == 0 else (True, False):
+                extra = {"RNGAUDIT": "1", "RNGAUDIT_REPORT_DIR": str(tmp / "arming")}
+                env = child_env(**(extra if audited else {}))
+                start = time.perf_counter()
+                proc = subprocess.run([PYTHON, "-c", code + CPU_AT_END], cwd=ROOT, env=env,
+                                      capture_output=True, text=True, check=True)  # fmt: skip
+                got[audited] = {"wall": time.perf_counter() - start, "cpu": float(proc.stdout)}
+            for key in diffs:
+                diffs[key].append(got[True][key] - got[False][key])
+        out[who] = {key: {"added": median(v), "range": spread(v)} for key, v in diffs.items()}
+    return out
+
+
 ARMS = {"off": (False, True), "on": (True, True), "raw": (True, False)}  # audited, bytecode
 LABELS = {"on": "RNGAUDIT=1", "raw": "RNGAUDIT=1, rngaudit not byte-compiled"}
 
@@ -145,6 +179,7 @@ def main() -> None:
     parser.add_argument("--breakdown-runs", type=int, default=2, help="per arm, timed phases")
     parser.add_argument("--only", default="hf,lightning")
     parser.add_argument("--arms", default="on,raw", help="audited arms besides unset: on, raw")
+    parser.add_argument("--arming-pairs", type=int, default=8, help="start-up alone, per process")
     args = parser.parse_args()
     arms = args.arms.split(",")
     result: dict[str, Any] = {}
@@ -163,7 +198,7 @@ def measure(fw: str, arms: list[str], args: Any, tmp: Path, bytecode: Bytecode) 
     cmd = RUNS[fw]
     sequence = ["off", *arms]
     sequence += sequence[::-1]  # ABCCBA, reversed every other round
-    for arm in ("off", *arms):  # warm the page cache
+    for arm in ("off", *arms) if args.rounds else ():  # warm the page cache
         bytecode.use(ARMS[arm][1])
         one(cmd, ARMS[arm][0], tmp)
     rounds = []
@@ -175,7 +210,23 @@ def measure(fw: str, arms: list[str], args: Any, tmp: Path, bytecode: Bytecode) 
         rounds.append(r)
         print(f"[{fw}] round {i}: {json.dumps(r)}", file=sys.stderr, flush=True)
     out: dict[str, Any] = {"rounds": rounds}
-    for arm in arms:
+    if args.arming_pairs:
+        out["arming"] = {}
+        for compiled in (True, False):
+            bytecode.use(compiled)
+            for who, got in arming(fw, args.arming_pairs, tmp).items():
+                out["arming"][who + ("" if compiled else ", not byte-compiled")] = got
+        bytecode.use(True)
+        for who, got in out["arming"].items():
+            c, w = got["cpu"], got["wall"]
+            print(
+                f"  {fw} {who} start-up alone (imports, arming, import hooks): CPU added "
+                f"{c['added'] * 1e3:+.0f} ms ({c['range'][0] * 1e3:+.0f} to "
+                f"{c['range'][1] * 1e3:+.0f}), wall {w['added'] * 1e3:+.0f} ms",
+                file=sys.stderr,
+                flush=True,
+            )
+    for arm in arms if rounds else ():
         out[arm] = {key: added(rounds, arm, key) for key in ("wall", "cpu")}
         w, c = out[arm]["wall"], out[arm]["cpu"]
         print(
