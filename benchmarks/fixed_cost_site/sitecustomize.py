@@ -29,7 +29,7 @@ def _install() -> None:
     lock = threading.Lock()
 
     def save(at_exit: bool = False) -> None:
-        ex = sys.modules.get("rngaudit.exchange")
+        ex = sys.modules.get("rngaudit.ranks.exchange")
         try:
             data["rank"] = (
                 ex.current_rank()
@@ -100,7 +100,12 @@ def _install() -> None:
     if not data["armed"]:
         save()
         return
-    from rngaudit import compare, epoch_check, exchange, patching, report_write, session, whole_run
+    from rngaudit import whole_run
+    from rngaudit.capture import patching
+    from rngaudit.epochs import order_check as epoch_check
+    from rngaudit.ranks import exchange, session
+    from rngaudit.ranks import rules as compare
+    from rngaudit.reports import files as report_write
 
     # import hooks: what fires when torch, accelerate, the DataLoader module... are imported
     routes = patching.routes
