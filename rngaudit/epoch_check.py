@@ -12,9 +12,11 @@ Two class-level wrappers, installed while something is watched:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import sys
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -22,7 +24,7 @@ from typing import Any, cast
 
 import wrapt
 
-from rngaudit import epoch_rules, exchange, forksafe, partition, peek, records, sharding
+from rngaudit import epoch_rules, exchange, forksafe, observed, partition, peek, records, sharding
 from rngaudit.config import Settings
 from rngaudit.events import DRAW
 from rngaudit.findings import Finding
@@ -42,6 +44,17 @@ class Watch:
     settings: Settings
     session: Any  # rngaudit.session.Session
     every_epoch: bool
+
+
+@dataclass
+class _Observed:
+    """A loader no known class shards, whose epochs are published and compared lazily."""
+
+    key: str
+    label: str
+    identity: str
+    epochs: int = 0
+    scanned: bool = False  # the heap searched once for data-parallel modules
 
 
 @dataclass
@@ -100,6 +113,12 @@ class EpochGuard:
         self.loaders: weakref.WeakKeyDictionary[Any, _LoaderState] = weakref.WeakKeyDictionary()
         self.seen: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self.tapes: weakref.WeakSet[partition.Tape] = weakref.WeakSet()  # epochs observed now
+        # loaders no known class shards, built in a with-block: index sampler -> its watch
+        self.observing: weakref.WeakKeyDictionary[Any, Watch] = weakref.WeakKeyDictionary()
+        self.observed: weakref.WeakKeyDictionary[Any, _Observed] = weakref.WeakKeyDictionary()
+        self._occurrences: dict[str, int] = {}
+        self.later: list[observed.Epoch] = []  # published epochs not compared yet
+        self.partitioned: set[str] = set()  # loaders an epoch of which partitioned the data
         # (iterator class, observing) -> its subclass without our wrappers
         self._plain: dict[tuple[type, bool], type] = {}
         self._count = 0
@@ -132,6 +151,11 @@ class EpochGuard:
                     kept.append(shard)
                     self.pending[shard] = watch
                     weakref.finalize(shard, self._dropped)  # never iterated: stop waiting
+                elif exchange.distributed() is not None:
+                    index = peek.first_attr(loader, "batch_sampler", "sampler")
+                    with contextlib.suppress(TypeError):  # an unhashable sampler: not observed
+                        self.observing[index] = watch
+                        weakref.finalize(index, self._dropped)
             for tape in list(self.tapes):  # epochs drawn inside the block (a prefetch)
                 if tape.context[0] is watch and all(tape.context[1] is not k for k in kept):
                     tape.abandon()  # the block's verdict already covered that loader
@@ -154,6 +178,7 @@ class EpochGuard:
             self.everything is None
             and not self.open
             and len(self.pending) == 0
+            and len(self.observing) == 0
             and not any(not t.closed for t in self.tapes)
         ):
             self.uninstall()
@@ -297,9 +322,45 @@ class EpochGuard:
         key = id(state.get("_sampler_iter"))
         if state.get("_rngaudit_epoch") != key:  # the epoch's first index batch
             state["_rngaudit_epoch"] = key
+            state.pop("_rngaudit_draws", None)
             with RECORDER.paused():
+                if self.later:
+                    self._compare_later()
                 state["_rngaudit_tape"] = self._open_tape(instance)
+                nodes = self._draws_to_record(instance)
+            if nodes:
+                return self._recorded(state, nodes, wrapped, *args, **kw)
         return self._observe(state.get("_rngaudit_tape"), wrapped, *args, **kw)
+
+    def _draws_to_record(self, iterator: Any) -> list[Any]:
+        """The sampler chain of a watched DistributedSampler (whose ``__iter__`` may be a
+        subclass's own), to record its draws while the epoch's first index batch is drawn."""
+        try:
+            nodes = sharding.chain(peek.attr(iterator, "_index_sampler"))
+            shard = sharding.shard_of(nodes)
+            if not sharding.is_distributed_sampler(shard):
+                return []
+            with self._lock:
+                return nodes if self._watch_for(shard) is not None else []
+        except Exception:
+            return []
+
+    def _recorded(self, state: dict[str, Any], nodes: list[Any], pull: Any, *args: Any) -> Any:
+        """The epoch's first index batch, the sampler draws made for it kept in ``state``
+        (the order check compares their generator states at the first batch)."""
+        window = RECORDER.begin()  # nested in the enclosing audit's, if any
+        try:
+            instrument_loaders.mark_samplers(RECORDER, nodes)
+            return self._observe(state.get("_rngaudit_tape"), pull, *args)
+        finally:
+            try:
+                events = RECORDER.events_since(window)
+                state["_rngaudit_draws"] = [
+                    _draw_summary(e) for e in events if e.get("sampler") and e["kind"] == DRAW
+                ]
+            except Exception:
+                log.debug("rngaudit: could not read the first index batch's draws", exc_info=True)
+            RECORDER.end(window)
 
     def _observe(self, tape: partition.Tape | None, pull: Callable[..., Any], *args: Any) -> Any:
         """One index batch from ``pull``, kept in ``tape``; when the rank has drawn its whole
@@ -323,7 +384,7 @@ class EpochGuard:
             nodes = sharding.chain(peek.attr(iterator, "_index_sampler"))
             shard = sharding.shard_of(nodes)
             if shard is None:
-                return None
+                return self._open_observed(iterator, nodes)
             with self._lock:
                 watch = self._watch_for(shard)
                 if watch is None:
@@ -342,9 +403,129 @@ class EpochGuard:
             log.warning("rngaudit: could not observe the loader's partition", exc_info=True)
             return None
 
+    def _open_observed(self, iterator: Any, nodes: list[Any]) -> partition.Tape | None:
+        """An epoch of a map-style loader no known class shards, in a run of several ranks:
+        announced through the store and observed (:mod:`rngaudit.observed`)."""
+        if exchange.distributed() is None or not nodes:
+            return None
+        index = nodes[0]
+        with self._lock:
+            watch = self.observing.get(index) or (self.open[-1] if self.open else self.everything)
+            if watch is None:
+                return None
+            known = self.observed.get(index)
+        dataset = peek.attr(iterator, "_dataset")
+        if known is None:
+            root = partition.root_of(dataset)
+            identity = partition.root_identity(root)
+            chain = sharding.chain_name(nodes)
+            batch = peek.attr(index, "batch_size")
+            with self._lock:
+                base = f"{identity}|{chain}|{batch}"
+                occurrence = self._occurrences.get(base, 0)
+                self._occurrences[base] = occurrence + 1
+                # named the same on every rank that iterates it (never by _count: the sharded
+                # loaders' exchange keys use it, and a loader one rank iterates must not move it)
+                label = f"DataLoader over {type(root).__name__}(len={peek.size(root)})" + (
+                    f" #{occurrence + 1}" if occurrence else ""
+                )
+                known = _Observed(observed.loader_key(identity, chain, batch, occurrence), label,
+                                  identity)  # fmt: skip
+                self.observed[index] = known
+        if not watch.every_epoch and known.epochs > 0:
+            return None
+        mapping = partition.root_mapping(dataset)
+        if mapping is None:
+            return None
+        epoch = observed.Epoch(
+            known.key, known.epochs, known.label, sharding.chain_name(nodes), watch
+        )
+        known.epochs += 1
+        observed.start(epoch)
+        torch = sys.modules.get("torch")
+        training = bool(torch.is_grad_enabled()) if torch is not None else False
+        tape = partition.Tape(mapping[0], mapping[1], (watch, None, epoch, known, training))
+        with self._lock:
+            self.tapes.add(tape)
+        weakref.finalize(tape, self._dropped)
+        return tape
+
+    def _observed_end(self, tape: partition.Tape) -> None:
+        """Publish what this rank took in an observed epoch; compare when every rank has."""
+        _, _, epoch, known, training = tape.context
+        try:
+            groups = observed.data_parallel_groups(scan=not known.scanned)
+            known.scanned = True
+            summary = dict(
+                tape.summary(), identity=known.identity, training=training, data_parallel=groups
+            )
+            got = observed.finish(epoch, summary)
+        except Exception:
+            log.warning("rngaudit: could not publish the loader's observed epoch", exc_info=True)
+            return
+        finally:
+            with self._lock:
+                self._maybe_uninstall()
+        if got is None:
+            with self._lock:
+                self.later = [*self.later, epoch][-observed.MAX_PENDING :]
+            return
+        self._judge(epoch, got)
+
+    def _compare_later(self) -> None:
+        """The published epochs every rank has published since: compared now, oldest first."""
+        with self._lock:
+            waiting, self.later = self.later, []
+        kept = []
+        for epoch in waiting:
+            try:
+                got = observed.collect(epoch)
+            except Exception:
+                log.debug("rngaudit: could not read an observed epoch", exc_info=True)
+                continue
+            if got is None:
+                kept.append(epoch)
+            else:
+                self._judge(epoch, got)
+        with self._lock:
+            self.later = kept + self.later
+
+    def _judge(self, epoch: observed.Epoch, published: list[dict[str, Any]]) -> None:
+        """The verdict on one observed epoch, from every rank's summary (the same on every
+        rank): raised or warned as the watch's mode says."""
+        found: list[Finding] = []
+        label = f"observed partition of epoch {epoch.epoch} of {epoch.label} ({epoch.chain})"
+        try:
+            summaries = {int(r["rank"]): r for r in published}
+            if not _one_loader(summaries):
+                return
+            # a data-parallel signal only when every rank published one; the overlap is then
+            # judged within this rank's data-parallel group
+            data_parallel = all(s.get("data_parallel") for s in summaries.values())
+            mine = exchange.current_rank()
+            groups = summaries.get(mine, {}).get("data_parallel") or []
+            group = next((g for g in groups if mine in g), None)
+            if data_parallel and group is not None and 1 < len(group) < len(summaries):
+                summaries = {r: s for r, s in summaries.items() if r in group}
+            finding, exact = epoch_rules.observed_overlap(
+                summaries, epoch.label, epoch.chain, epoch.epoch,
+                epoch.key in self.partitioned, data_parallel,
+            )  # fmt: skip
+            if exact:
+                self.partitioned.add(epoch.key)
+            if finding is not None:
+                found.append(finding)
+                epoch.watch.session.add_check(label, found)
+        except Exception:
+            log.warning("rngaudit: the observed partition could not compare", exc_info=True)
+        _act(found, epoch.watch, label)
+
     def _epoch_end(self, tape: partition.Tape) -> None:
         """The ranks compare the samples each was handed this epoch; every rank raises on an
         overlap beyond padding."""
+        if tape.context[1] is None:
+            self._observed_end(tape)
+            return
         watch, shard, chain, epoch = tape.context
         found: list[Finding] = []
         with self._lock:
@@ -445,6 +626,8 @@ class EpochGuard:
         }
         if sharding.is_distributed_sampler(shard):
             record["sampler_state"] = sharding.distributed_sampler_state(shard)
+            # what its __iter__ drew for this epoch's first index batch (a subclass's own order)
+            record["draws"] = list(iterator.__dict__.get("_rngaudit_draws") or [])
         else:
             record["order"] = list(state.tape.batches)
             record["draws"] = list(state.tape.draws)
@@ -567,6 +750,17 @@ def _teed_stream(shard: Any, gen: Iterator[Any], tape: sharding.OrderTape) -> It
         shard.__dict__["dataset"] = inner
     yield first
     yield from gen
+
+
+def _one_loader(summaries: dict[int, dict[str, Any]]) -> bool:
+    """Whether the ranks' published epochs are one loader's: the same root dataset (identity
+    and size), as many index batches on every rank (a data-parallel loop steps together)."""
+    if len(summaries) < 2 or not all(s.get("known") for s in summaries.values()):
+        return False
+    return all(
+        len({str(s.get(k)) for s in summaries.values()}) == 1
+        for k in ("identity", "root_size", "batches")
+    )
 
 
 def _draw_summary(event: records.Event) -> records.SamplerDraw:
