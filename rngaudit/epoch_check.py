@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import logging
 import sys
+import types
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -264,7 +266,7 @@ class EpochGuard:
             self._first_batch(instance)
         tape = instance.__dict__.get("_rngaudit_tape")
         # nothing to observe until the next epoch begins, or only the index batches
-        self._go_plain(instance, observing=tape is not None and not tape.closed)
+        self._go_plain(instance, observing=tape is not None and not tape.closed and not tape.teed)
         return batch
 
     def _go_plain(self, iterator: Any, observing: bool = False) -> None:
@@ -326,11 +328,45 @@ class EpochGuard:
             with RECORDER.paused():
                 if self.later:
                     self._compare_later()
-                state["_rngaudit_tape"] = self._open_tape(instance)
+                tape = state["_rngaudit_tape"] = self._open_tape(instance)
+                if tape is not None:
+                    self._tee(instance, tape)
                 nodes = self._draws_to_record(instance)
             if nodes:
                 return self._recorded(state, nodes, wrapped, *args, **kw)
         return self._observe(state.get("_rngaudit_tape"), wrapped, *args, **kw)
+
+    def _tee(self, iterator: Any, tape: partition.Tape) -> None:
+        """Observe the epoch with no rngaudit frame per batch: the iterator's index iterator
+        becomes ``chain(tee_a, <end>)``, the other tee branch keeps every index batch (C code
+        both), and the end (a generator run once, when the epoch's batches are exhausted)
+        folds them and compares the epoch. Only torch's own iterators (torchdata's stateful
+        ones save ``_sampler_iter``'s state), and roots up to ``TEE_MAX`` samples (the epoch's
+        batches are held until its end)."""
+        try:
+            if type(iterator) not in _tee_classes() or tape.root_size > TEE_MAX:
+                return
+            state = iterator.__dict__
+            source = state["_sampler_iter"]
+            # a generator (BatchSampler's) or a builtin iterator stays exhausted once it is:
+            # the second branch's last next() draws nothing (another iterator might restart)
+            builtin = type(source).__module__ == "builtins"
+            if not (isinstance(source, types.GeneratorType) or builtin):
+                return
+            first, second = itertools.tee(source)
+            tape.source, tape.teed = second, True
+            state["_sampler_iter"] = itertools.chain(first, self._tee_end(tape))
+            state["_rngaudit_epoch"] = id(state["_sampler_iter"])
+        except Exception:
+            log.debug("rngaudit: could not tee the index batches", exc_info=True)
+
+    def _tee_end(self, tape: partition.Tape) -> Iterator[Any]:
+        """Run when the teed epoch's index batches are exhausted: compare, then stop."""
+        if not tape.closed:
+            with RECORDER.paused():
+                self._epoch_end(tape)
+        return
+        yield
 
     def _draws_to_record(self, iterator: Any) -> list[Any]:
         """The sampler chain of a watched DistributedSampler (whose ``__iter__`` may be a
@@ -365,7 +401,7 @@ class EpochGuard:
     def _observe(self, tape: partition.Tape | None, pull: Callable[..., Any], *args: Any) -> Any:
         """One index batch from ``pull``, kept in ``tape``; when the rank has drawn its whole
         share of the epoch (StopIteration), the ranks compare the epoch."""
-        if tape is None:
+        if tape is None or tape.teed:
             return pull(*args)
         try:
             batch = pull(*args)
@@ -661,6 +697,13 @@ class EpochGuard:
 
 
 _PLAIN_MARK = "_rngaudit_plain"
+TEE_MAX = 1 << 18  # roots up to this many samples are observed through a tee (no frame per batch)
+
+
+def _tee_classes() -> tuple[type, ...]:
+    module = sys.modules.get("torch.utils.data.dataloader")
+    names = ("_SingleProcessDataLoaderIter", "_MultiProcessingDataLoaderIter")
+    return tuple(c for c in (getattr(module, n, None) for n in names) if isinstance(c, type))
 
 
 def _observing_next_index(original: Callable[[Any], Any], guard: EpochGuard) -> Any:

@@ -86,12 +86,23 @@ def finish(epoch: Epoch, summary: dict[str, Any]) -> list[dict[str, Any]] | None
     ends = [f"{base}/end/{r}" for r in range(world)]
     if store.check(starts) or store.check(iterated):
         WAITED[epoch.label] += 1
-        deadline = time.monotonic() + min(END_WAIT, float(epoch.watch.settings.timeout))
-        pause = 0.001
-        while not store.check(ends) and time.monotonic() < deadline:
-            time.sleep(pause)
-            pause = min(0.05, pause * 2)
+        _wait(store, ends, min(END_WAIT, float(epoch.watch.settings.timeout)))
     return collect(epoch)
+
+
+def _wait(store: Any, keys: list[str], seconds: float) -> None:
+    """Until every key of ``keys`` is set or ``seconds`` passed: woken by the store as each
+    arrives (the exchange's waiter, in slices, so a KeyboardInterrupt surfaces)."""
+    deadline = time.monotonic() + seconds
+    for key in keys:
+        if store.check([key]):
+            continue
+        waiter = exchange._Waiter(store, key, max(0.0, deadline - time.monotonic()))
+        while not waiter.wait(min(exchange.SLICE, max(0.0, deadline - time.monotonic()))):
+            if time.monotonic() >= deadline:
+                return
+        if not waiter.found:
+            return
 
 
 def collect(epoch: Epoch) -> list[dict[str, Any]] | None:

@@ -167,12 +167,15 @@ class Tape:
         self.batches = 0  # index batches drawn (counted when folded)
         self.known = True
         self.closed = False
+        self.source: Any = None  # the tee branch holding the epoch's index batches, if teed
+        self.teed = False
 
     def abandon(self) -> None:
         """Observe no more, compare nothing: another check already decided this epoch."""
         self.known = False
         self.closed = True
         self.pending = []
+        self.source = None
 
     def add(self, batch: Any) -> None:
         """An index batch (a list of ints, or one int when batching is off)."""
@@ -207,6 +210,9 @@ class Tape:
         """What the rank took: its bitmap of root samples, how many it took, repeats within it."""
         import numpy as np
 
+        source, self.source = self.source, None
+        if source is not None and self.known:  # the tee's branch: every batch, at C speed
+            self.pending.extend(source)
         self._fold()
         self.closed = True
         if not self.known:

@@ -5,9 +5,9 @@ check (a DistributedSampler seed; a DistributedSampler subclass shuffling from t
 generator, by the state its draw came from), the datasets compared when the window closes
 (per-rank shards of per-rank orders), the observed partition of loaders no known class shards
 (a sampler that shards itself, with the last rank alone evaluating between epochs; DDP with no
-sampler: every rank trains every sample), each with its twin where no rank differs. Three torchrun launches:
-without rngaudit (the truth), with ``rngaudit.audit()`` around the set-up, and under
-``RNGAUDIT=1`` (the window's check first, as a training script's only loader would be).
+sampler: every rank trains every sample), each with its twin where no rank differs. Three
+torchrun launches: without rngaudit (the truth), with ``rngaudit.audit()`` around the set-up,
+and under ``RNGAUDIT=1`` (the window's check first, as a training script's only loader would be).
 """
 
 from __future__ import annotations
