@@ -49,11 +49,22 @@ def _loader(n: int, batch: int) -> DataLoader[int]:
     return DataLoader(ds, batch_size=batch, sampler=sampler)
 
 
-def _epoch(loader: DataLoader[int]) -> float:
+def _epoch(loader: DataLoader[int], parts: list[tuple[float, float, float]] | None = None) -> float:
+    """One epoch's time; ``parts`` gets (iter + first batch, the batches after it, the final
+    next() that ends the epoch: where an observed epoch is compared)."""
     t0 = time.perf_counter()
-    for _ in loader:
+    it = iter(loader)
+    next(it)
+    t1 = time.perf_counter()
+    for _ in range(len(loader) - 1):
+        next(it)
+    t2 = time.perf_counter()
+    for _ in it:
         pass
-    return time.perf_counter() - t0
+    t3 = time.perf_counter()
+    if parts is not None:
+        parts.append((t1 - t0, t2 - t1, t3 - t2))
+    return t3 - t0
 
 
 class RankShard(Sampler[int]):
@@ -113,14 +124,26 @@ def pairs(
             audited = build(n, batch)
         _epoch(plain), _epoch(audited)  # warm up (epoch 0 also closes the window's checks)
         a, b = [], []
+        pa: list[tuple[float, float, float]] = []
+        pb: list[tuple[float, float, float]] = []
         for _ in range(rounds):
             if barrier is not None:
                 barrier()  # the ranks start each pair together
-            a.append(_epoch(plain))
-            b.append(_epoch(audited))
+            a.append(_epoch(plain, pa))
+            b.append(_epoch(audited, pb))
         del audited
         rngaudit.wait_for_reports()
     batches = len(plain)
+
+    def least(parts: list[tuple[float, float, float]], k: int) -> float:
+        return min(p[k] for p in parts)
+
+    breakdown = {  # least of the rounds: load on a shared machine only ever adds
+        "first_batch_added_ms": (least(pb, 0) - least(pa, 0)) * 1e3,
+        "per_batch_added_us": (least(pb, 1) - least(pa, 1)) / max(1, batches - 1) * 1e6,
+        "per_batch_unaudited_us": least(pa, 1) / max(1, batches - 1) * 1e6,
+        "epoch_end_added_ms": (least(pb, 2) - least(pa, 2)) * 1e3,
+    }
     ratios = [y / x for x, y in zip(a, b, strict=True)]
     aa = [a[i + 1] / a[i] for i in range(len(a) - 1)]
     return {
@@ -137,6 +160,7 @@ def pairs(
         "ratio_max": max(ratios),
         "aa_noise": max(abs(1 - r) for r in aa) if aa else 0.0,
         "added_us_per_batch": (statistics.median(b) - statistics.median(a)) / batches * 1e6,
+        **breakdown,
     }
 
 

@@ -338,11 +338,11 @@ class EpochGuard:
 
     def _tee(self, iterator: Any, tape: partition.Tape) -> None:
         """Observe the epoch with no rngaudit frame per batch: the iterator's index iterator
-        becomes ``chain(tee_a, <end>)``, the other tee branch keeps every index batch (C code
-        both), and the end (a generator run once, when the epoch's batches are exhausted)
-        folds them and compares the epoch. Only torch's own iterators (torchdata's stateful
-        ones save ``_sampler_iter``'s state), and roots up to ``TEE_MAX`` samples (the epoch's
-        batches are held until its end)."""
+        becomes a chain of ``islice(tee_a, FOLD)`` segments (C code), the other tee branch
+        holds the segment's index batches, and between segments a generator of ours folds
+        them into the tape (once per ``FOLD`` batches); the segment that comes up short ends
+        the epoch and compares it. Only torch's own iterators (torchdata's stateful ones save
+        ``_sampler_iter``'s state), and roots up to ``TEE_MAX`` samples."""
         try:
             if type(iterator) not in _tee_classes() or tape.root_size > TEE_MAX:
                 return
@@ -354,19 +354,27 @@ class EpochGuard:
             if not (isinstance(source, types.GeneratorType) or builtin):
                 return
             first, second = itertools.tee(source)
-            tape.source, tape.teed = second, True
-            state["_sampler_iter"] = itertools.chain(first, self._tee_end(tape))
+            tape.teed = True
+            segments = self._segments(first, second, tape)
+            state["_sampler_iter"] = itertools.chain.from_iterable(segments)
             state["_rngaudit_epoch"] = id(state["_sampler_iter"])
         except Exception:
             log.debug("rngaudit: could not tee the index batches", exc_info=True)
 
-    def _tee_end(self, tape: partition.Tape) -> Iterator[Any]:
-        """Run when the teed epoch's index batches are exhausted: compare, then stop."""
-        if not tape.closed:
+    def _segments(self, first: Any, second: Any, tape: partition.Tape) -> Iterator[Any]:
+        """The teed epoch's index batches, ``partition.FOLD`` at a time, each segment folded
+        into ``tape`` when the next is asked for; a short one ends the epoch (the source is
+        a generator or a builtin iterator: exhausted, it stays so)."""
+        fold = partition.FOLD
+        while True:
+            yield itertools.islice(first, fold)
             with RECORDER.paused():
-                self._epoch_end(tape)
-        return
-        yield
+                batches = list(itertools.islice(second, fold))
+                tape.take(batches)
+                if len(batches) < fold:
+                    if not tape.closed:
+                        self._epoch_end(tape)
+                    return
 
     def _draws_to_record(self, iterator: Any) -> list[Any]:
         """The sampler chain of a watched DistributedSampler (whose ``__iter__`` may be a

@@ -17,7 +17,7 @@ from typing import Any
 from rngaudit import peek
 
 MAX_ROOT = 1 << 21  # root samples compared exactly (a 256 KiB bitmap per rank and epoch)
-_FOLD = 256  # index batches kept before they are folded into the bitmap
+FOLD = 256  # index batches kept before they are folded into the bitmap
 _MAX_DEPTH = 8
 
 
@@ -167,22 +167,26 @@ class Tape:
         self.batches = 0  # index batches drawn (counted when folded)
         self.known = True
         self.closed = False
-        self.source: Any = None  # the tee branch holding the epoch's index batches, if teed
-        self.teed = False
+        self.teed = False  # its batches come in segments (take), not one by one (add)
 
     def abandon(self) -> None:
         """Observe no more, compare nothing: another check already decided this epoch."""
         self.known = False
         self.closed = True
         self.pending = []
-        self.source = None
 
     def add(self, batch: Any) -> None:
         """An index batch (a list of ints, or one int when batching is off)."""
         if not self.known:
             return
         self.pending.append(batch)
-        if len(self.pending) >= _FOLD:
+        if len(self.pending) >= FOLD:
+            self._fold()
+
+    def take(self, batches: list[Any]) -> None:
+        """A segment of index batches, folded now."""
+        if self.known:
+            self.pending.extend(batches)
             self._fold()
 
     def _fold(self) -> None:
@@ -210,9 +214,6 @@ class Tape:
         """What the rank took: its bitmap of root samples, how many it took, repeats within it."""
         import numpy as np
 
-        source, self.source = self.source, None
-        if source is not None and self.known:  # the tee's branch: every batch, at C speed
-            self.pending.extend(source)
         self._fold()
         self.closed = True
         if not self.known:
