@@ -192,7 +192,10 @@ class EpochGuard:
             if self.installed:
                 return
             self.installed = True
+            observed.installed(torch_loaded="torch" in sys.modules)
             for name in ("torch.utils.data.dataloader", "accelerate.data_loader"):
+                self.patches.when_imported(name, self._on_import)
+            for name, _ in observed.DATA_PARALLEL_CLASSES[:2]:
                 self.patches.when_imported(name, self._on_import)
 
     def _on_import(self, module: Any) -> None:
@@ -206,6 +209,11 @@ class EpochGuard:
                     self.patches.wrap(cls, "__next__", self._next)
                 if not isinstance(cls.__dict__.get("_next_index"), wrapt.FunctionWrapper):
                     self.patches.wrap(cls, "_next_index", self._next_index)
+            elif name in dict(observed.DATA_PARALLEL_CLASSES[:2]):  # DDP, FSDP
+                cls = getattr(module, dict(observed.DATA_PARALLEL_CLASSES)[name], None)
+                init = cls.__dict__.get("__init__") if isinstance(cls, type) else None
+                if init is not None and not isinstance(init, wrapt.FunctionWrapper):
+                    self.patches.wrap(cls, "__init__", _note_module)
             elif name == "accelerate.data_loader":
                 cls = module.BatchSamplerShard
                 if not isinstance(cls.__dict__.get("__iter__"), wrapt.FunctionWrapper):
@@ -512,7 +520,11 @@ class EpochGuard:
                 self._maybe_uninstall()
         if got is None:
             with self._lock:
-                self.later = [*self.later, epoch][-observed.MAX_PENDING :]
+                self.later.append(epoch)
+                dropped = self.later[: -observed.MAX_PENDING]
+                self.later = self.later[-observed.MAX_PENDING :]
+            for old in dropped:  # never published by every rank (one rank's loader)
+                observed.forget(old)
             return
         self._judge(epoch, got)
 
@@ -520,7 +532,7 @@ class EpochGuard:
         """The published epochs every rank has published since: compared now, oldest first."""
         with self._lock:
             waiting, self.later = self.later, []
-        kept = []
+        ready = []
         for epoch in waiting:
             try:
                 got = observed.collect(epoch)
@@ -528,11 +540,12 @@ class EpochGuard:
                 log.debug("rngaudit: could not read an observed epoch", exc_info=True)
                 continue
             if got is None:
-                kept.append(epoch)
+                with self._lock:
+                    self.later.append(epoch)
             else:
-                self._judge(epoch, got)
-        with self._lock:
-            self.later = kept + self.later
+                ready.append((epoch, got))
+        for epoch, got in ready:  # may raise: the epochs still waiting are kept above
+            self._judge(epoch, got)
 
     def _judge(self, epoch: observed.Epoch, published: list[dict[str, Any]]) -> None:
         """The verdict on one observed epoch, from every rank's summary (the same on every
@@ -705,7 +718,7 @@ class EpochGuard:
 
 
 _PLAIN_MARK = "_rngaudit_plain"
-TEE_MAX = 1 << 18  # roots up to this many samples are observed through a tee (no frame per batch)
+TEE_MAX = partition.MAX_ROOT  # roots observed through a tee (at most FOLD batches held)
 
 
 def _tee_classes() -> tuple[type, ...]:
@@ -801,6 +814,16 @@ def _teed_stream(shard: Any, gen: Iterator[Any], tape: sharding.OrderTape) -> It
         shard.__dict__["dataset"] = inner
     yield first
     yield from gen
+
+
+def _note_module(
+    wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kw: dict[str, Any]
+) -> Any:
+    """A DistributedDataParallel / FSDP module built: the data-parallel signal."""
+    result = wrapped(*args, **kw)
+    if instance is not None:
+        observed.note_module(instance)
+    return result
 
 
 def _one_loader(summaries: dict[int, dict[str, Any]]) -> bool:

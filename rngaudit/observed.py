@@ -128,24 +128,60 @@ def collect(epoch: Epoch) -> list[dict[str, Any]] | None:
 
 _FOUND: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 _GROUPS: dict[int, list[int]] = {}  # id(module) -> its group's ranks
+_SEARCHED = [False]  # the heap was searched (once per process)
+DATA_PARALLEL_CLASSES = (
+    ("torch.nn.parallel.distributed", "DistributedDataParallel"),
+    ("torch.distributed.fsdp.fully_sharded_data_parallel", "FullyShardedDataParallel"),
+    ("torch.distributed.fsdp", "FSDPModule"),
+)
+
+
+def note_module(module: Any) -> None:
+    """A data-parallel module just built (the guard's wrapper on its ``__init__``)."""
+    with contextlib.suppress(Exception):
+        _FOUND[id(module)] = module
+        _GROUPS[id(module)] = _group_ranks(module)
+
+
+def installed(torch_loaded: bool) -> None:
+    """The guard installed its wrappers (data-parallel modules built from now on are noted):
+    the heap is searched once more when needed, for modules built before, unless torch was
+    not even imported (none can exist)."""
+    _SEARCHED[0] = not torch_loaded
+
+
+def _group_ranks(module: Any) -> list[int]:
+    dist = sys.modules["torch.distributed"]
+    try:
+        return sorted(int(r) for r in dist.get_process_group_ranks(module.process_group))
+    except Exception:  # the default group, or one this version cannot name
+        return list(range(int(dist.get_world_size())))
+
+
+def forget(epoch: Epoch) -> None:
+    """Delete this rank's keys of an epoch the other ranks never published."""
+    where = exchange.distributed()
+    if where is None:
+        return
+    base = _base(epoch)
+    with contextlib.suppress(Exception):
+        exchange._delete(exchange._store(), [f"{base}/end/{where[0]}", f"{base}/start/{where[0]}"])
 
 
 def data_parallel_groups(scan: bool) -> list[list[int]] | None:
     """The ranks of each data-parallel group in this process: the process groups of the
     ``DistributedDataParallel`` / FSDP modules that exist (the whole world for the default
-    group); None when there is none (no data-parallel signal). Modules found once are kept
-    (weakly); the heap is searched for them only when ``scan`` and none is alive."""
+    group); None when there is none (no data-parallel signal). Modules are noted as they are
+    built while the guard is installed; those built before are found by one search of the
+    heap per installation of the guard (``scan``: at the first observed epoch's end)."""
     alive = [_GROUPS[k] for k in list(_FOUND.keys()) if k in _GROUPS]
     if alive:
         return [list(g) for g in dict.fromkeys(tuple(g) for g in alive)]
-    if not scan:
+    if not scan or _SEARCHED[0]:
         return None
+    _SEARCHED[0] = True
     classes = []
-    for module, name in (
-        ("torch.nn.parallel.distributed", "DistributedDataParallel"),
-        ("torch.distributed.fsdp.fully_sharded_data_parallel", "FullyShardedDataParallel"),
-        ("torch.distributed.fsdp", "FSDPModule"),
-    ):
+    for module, name in DATA_PARALLEL_CLASSES:
         cls = getattr(sys.modules.get(module), name, None)
         if isinstance(cls, type):
             classes.append(cls)
@@ -154,17 +190,10 @@ def data_parallel_groups(scan: bool) -> list[list[int]] | None:
     kinds = tuple(classes)
     groups: list[list[int]] = []
     try:
-        dist = sys.modules["torch.distributed"]
         for obj in gc.get_objects():
             if isinstance(obj, kinds):
-                group = getattr(obj, "process_group", None)
-                try:
-                    ranks = sorted(int(r) for r in dist.get_process_group_ranks(group))
-                except Exception:  # the default group, or one this version cannot name
-                    ranks = list(range(int(dist.get_world_size())))
-                with contextlib.suppress(TypeError):
-                    _FOUND[id(obj)] = obj
-                    _GROUPS[id(obj)] = ranks
+                note_module(obj)
+                ranks = _group_ranks(obj)
                 if ranks not in groups:
                     groups.append(ranks)
     except Exception:

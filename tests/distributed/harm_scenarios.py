@@ -612,6 +612,7 @@ def _ddp_model() -> Any:
 
 
 def _self_sharding(ctx: Ctx, evaluator: int | None, global_draws: bool, n: int = N) -> Plan:
+    model = _ddp_model()  # the ranks step together (accelerate's DDP, in lerobot)
     seed_all(42)
     ds = Items(n)
     sampler = RankShardSampler(n, ctx.rank, ctx.world)
@@ -626,7 +627,7 @@ def _self_sharding(ctx: Ctx, evaluator: int | None, global_draws: bool, n: int =
             for _batch in evaluation:
                 pass
 
-    return Plan(loader, epochs=2, after_epoch=evaluate)
+    return Plan(loader, epochs=2, after_epoch=evaluate, step=_ddp_step(model), keep=model)
 
 
 def self_sharding_rank0_eval(ctx: Ctx) -> Plan:
