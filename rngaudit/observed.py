@@ -6,8 +6,9 @@ iterated by every rank or by one (a rank-0-only evaluation), so no rank may wait
 at its first batch. Each rank instead announces each epoch of such a loader (``start``) and, when
 it has drawn the epoch's last index batch, publishes what it took (``end``: the bitmap of root
 samples, :class:`~rngaudit.partition.Tape`); it waits for the others' only when every rank
-announced that epoch, and otherwise compares later (at the first batch of its next observed
-epoch), once every rank has published. A loader one rank iterates alone is never compared.
+announced that epoch or iterated the loader before, and otherwise compares later (at the first
+index batch of its next observed epoch), once every rank has published. A loader one rank
+iterates alone is never compared.
 
 Loaders are matched across ranks by what they are, not by object: the root dataset's
 identity (class, size, attributes), the sampler chain's classes and the batch size, and the
