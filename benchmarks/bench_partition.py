@@ -4,7 +4,10 @@ A DataLoader over a DistributedSampler (2 replicas, this process is rank 0, no p
 the exchange is local) is iterated unaudited (A) and, built inside ``rngaudit.audit(
 every_epoch=True)``, audited (B): the order check at each epoch's first batch, and every index
 batch observed into the epoch's partition tape, compared at the epoch's end. Also: the dataset
-check's digest of a 45M-index ``random_split`` (sampled), against the sampler's own epoch.
+check's digest of a 45M-index ``random_split`` (sampled), against the sampler's own epoch; and
+(``unsharded``) two real ranks (gloo, spawned) iterating a loader no known class shards (a
+sampler that takes ``perm[rank::world]`` from a shared generator), whose epochs are published
+through the store and compared when both have drawn them.
 Prints one JSON object.
 """
 
@@ -12,13 +15,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Subset
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 from torch.utils.data.distributed import DistributedSampler
 
 import rngaudit
@@ -42,26 +49,101 @@ def _loader(n: int, batch: int) -> DataLoader[int]:
     return DataLoader(ds, batch_size=batch, sampler=sampler)
 
 
-def _epoch(loader: DataLoader[int]) -> float:
+def _epoch(loader: DataLoader[int], parts: list[tuple[float, float, float]] | None = None) -> float:
+    """One epoch's time; ``parts`` gets (iter + first batch, the batches after it, the final
+    next() that ends the epoch: where an observed epoch is compared)."""
     t0 = time.perf_counter()
-    for _ in loader:
+    it = iter(loader)
+    next(it)
+    t1 = time.perf_counter()
+    for _ in range(len(loader) - 1):
+        next(it)
+    t2 = time.perf_counter()
+    for _ in it:
         pass
-    return time.perf_counter() - t0
+    t3 = time.perf_counter()
+    if parts is not None:
+        parts.append((t1 - t0, t2 - t1, t3 - t2))
+    return t3 - t0
 
 
-def pairs(n: int, batch: int, rounds: int) -> dict[str, Any]:
-    plain = _loader(n, batch)
+class RankShard(Sampler[int]):
+    """Every world-th entry of a permutation from a generator seeded identically per epoch."""
+
+    def __init__(self, n: int, rank: int, world: int) -> None:
+        self.n, self.rank, self.world, self.epoch = n, rank, world, 0
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self.n, self.world))
+
+    def __iter__(self) -> Iterator[int]:
+        self.epoch += 1
+        g = torch.Generator().manual_seed(self.epoch)
+        yield from torch.randperm(self.n, generator=g)[self.rank :: self.world].tolist()
+
+
+def _unsharded_loader(n: int, batch: int) -> DataLoader[int]:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    return DataLoader(Items(n), batch_size=batch, sampler=RankShard(n, rank, world))
+
+
+def _unsharded_rank(rank: int, path: str, n: int, batch: int, rounds: int, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=2)
+    try:
+        result = pairs(n, batch, rounds, _unsharded_loader, barrier=dist.barrier)
+        if rank == 0:
+            with open(out, "w") as f:
+                json.dump(result, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def unsharded(n: int, batch: int, rounds: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "result.json")
+        store = os.path.join(tmp, "store")
+        mp.start_processes(
+            _unsharded_rank, args=(store, n, batch, rounds, out), nprocs=2, start_method="spawn"
+        )
+        with open(out) as f:
+            result: dict[str, Any] = json.load(f)
+    return result
+
+
+def pairs(
+    n: int,
+    batch: int,
+    rounds: int,
+    build: Any = _loader,
+    barrier: Any = None,
+) -> dict[str, Any]:
+    plain = build(n, batch)
     with tempfile.TemporaryDirectory() as report:
         with rngaudit.audit(report_dir=report, every_epoch=True, mode="report"):
-            audited = _loader(n, batch)
+            audited = build(n, batch)
         _epoch(plain), _epoch(audited)  # warm up (epoch 0 also closes the window's checks)
         a, b = [], []
+        pa: list[tuple[float, float, float]] = []
+        pb: list[tuple[float, float, float]] = []
         for _ in range(rounds):
-            a.append(_epoch(plain))
-            b.append(_epoch(audited))
+            if barrier is not None:
+                barrier()  # the ranks start each pair together
+            a.append(_epoch(plain, pa))
+            b.append(_epoch(audited, pb))
         del audited
         rngaudit.wait_for_reports()
     batches = len(plain)
+
+    def least(parts: list[tuple[float, float, float]], k: int) -> float:
+        return min(p[k] for p in parts)
+
+    breakdown = {  # least of the rounds: load on a shared machine only ever adds
+        "first_batch_added_ms": (least(pb, 0) - least(pa, 0)) * 1e3,
+        "per_batch_added_us": (least(pb, 1) - least(pa, 1)) / max(1, batches - 1) * 1e6,
+        "per_batch_unaudited_us": least(pa, 1) / max(1, batches - 1) * 1e6,
+        "epoch_end_added_ms": (least(pb, 2) - least(pa, 2)) * 1e3,
+    }
     ratios = [y / x for x, y in zip(a, b, strict=True)]
     aa = [a[i + 1] / a[i] for i in range(len(a) - 1)]
     return {
@@ -70,11 +152,15 @@ def pairs(n: int, batch: int, rounds: int) -> dict[str, Any]:
         "batches_per_epoch": batches,
         "unaudited_epoch_s": statistics.median(a),
         "audited_epoch_s": statistics.median(b),
+        "unaudited_min_s": min(a),
+        "audited_min_s": min(b),
+        "added_us_per_batch_min": (min(b) - min(a)) / batches * 1e6,
         "ratio": statistics.median(ratios),
         "ratio_min": min(ratios),
         "ratio_max": max(ratios),
         "aa_noise": max(abs(1 - r) for r in aa) if aa else 0.0,
         "added_us_per_batch": (statistics.median(b) - statistics.median(a)) / batches * 1e6,
+        **breakdown,
     }
 
 
@@ -92,13 +178,18 @@ def digest_45m() -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--only", default="", help="comma-separated parts (default: all)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    out = {
-        "batch32": pairs(64_000, 32, args.rounds),
-        "batch1": pairs(8_000, 1, args.rounds),
-        "digest_45m": digest_45m(),
+    parts = {
+        "batch32": lambda: pairs(64_000, 32, args.rounds),
+        "batch1": lambda: pairs(8_000, 1, args.rounds),
+        "unsharded32": lambda: unsharded(64_000, 32, args.rounds),
+        "unsharded1": lambda: unsharded(8_000, 1, args.rounds),
+        "digest_45m": digest_45m,
     }
+    chosen = [p for p in args.only.split(",") if p] or list(parts)
+    out = {name: parts[name]() for name in chosen}
     print(json.dumps(out))
 
 

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import torch.utils.data as D
 import wrapt
@@ -69,12 +70,40 @@ def test_no_rngaudit_frame_runs_per_batch_after_the_first(tmp_path: Path) -> Non
     rngaudit.wait_for_reports()
 
 
-def test_an_observed_epoch_keeps_only_the_index_batches(tmp_path: Path) -> None:
-    """A sharded loader's partition is observed: after its first batch the only rngaudit code
-    per batch keeps the index batch (no wrapper, no first-batch detection), and the epoch is
-    still compared at its end."""
+def test_an_observed_epoch_runs_no_rngaudit_frame_per_batch(tmp_path: Path) -> None:
+    """A sharded loader's partition is observed through a tee of its index batches: after its
+    first batch no rngaudit code runs per batch, and every batch is still counted and the
+    epoch compared at its end."""
     from torch.utils.data.distributed import DistributedSampler
 
+    data = _Items(40)
+    sampler: DistributedSampler[int] = DistributedSampler(data, num_replicas=2, rank=0, seed=1)
+    loader = D.DataLoader(data, batch_size=2, sampler=sampler)
+    with rngaudit.audit(report_dir=tmp_path, mode="report"):
+        it = iter(loader)
+        first = next(it)
+        rest = _rngaudit_frames(lambda: [next(it) for _ in range(8)])
+        tape = it.__dict__["_rngaudit_tape"]
+        assert rest == [] and tape.teed and not tape.closed
+        last = list(it)
+        assert len(last) == 1 and tape.closed  # drawn to its end: compared
+        assert tape.taken == 20 and tape.batches == 10
+    plain = [b.tolist() for b in D.DataLoader(data, batch_size=2, sampler=sampler)]
+    assert plain[0] == first.tolist() and plain[-1] == last[0].tolist()  # the same batches
+    rngaudit.wait_for_reports()
+
+
+def test_an_untee_able_epoch_keeps_only_the_index_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the index batches cannot be teed (a root over TEE_MAX samples here), after the
+    first batch the only rngaudit code per batch keeps the index batch (no wrapper, no
+    first-batch detection), and the epoch is still compared at its end."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    from rngaudit.epochs import order_check as epoch_check
+
+    monkeypatch.setattr(epoch_check, "TEE_MAX", 0)
     data = _Items(40)
     sampler: DistributedSampler[int] = DistributedSampler(data, num_replicas=2, rank=0, seed=1)
     loader = D.DataLoader(data, batch_size=2, sampler=sampler)

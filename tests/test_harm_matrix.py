@@ -18,6 +18,7 @@ import pytest
 pytestmark = pytest.mark.timeout(600)
 
 ROOT = Path(__file__).resolve().parent.parent
+N = 32  # the scenarios' dataset size
 SCRIPT = ROOT / "tests" / "distributed" / "harm_scenarios.py"
 NPROC = 2
 
@@ -40,10 +41,13 @@ MUST_RAISE = {  # scenario -> first corrupted epoch
     "stream_shard_device_seeds": 0,
     "spawn_style_shards_per_rank_seed": 0,
     "hf_stream_shuffle_seed_per_rank": 0,
+    "self_sharding_rank0_eval": 1,
+    "ddp_shuffled_no_sampler": 0,
 }
-# Found by the observed partition when the rank has drawn the epoch's last index batch (the
-# order a DistributedSampler subclass of one's own makes is not readable before it is drawn).
-AT_EPOCH_END = {"ds_subclass_global_shuffle"}
+# Found by the observed partition when every rank has drawn the epoch's last index batch:
+# loaders no known class shards (a sampler that shards itself, no sampler at all under DDP)
+# are never waited for at their first batch (a rank-0-only evaluation loader looks the same).
+AT_EPOCH_END = {"self_sharding_rank0_eval", "ddp_shuffled_no_sampler"}
 MUST_STAY_CLEAN = [
     "ds_shared_seed_per_rank_global",
     "random_split_shared_generator",
@@ -59,7 +63,19 @@ MUST_STAY_CLEAN = [
     "hf_stream_split_by_shards_seed_per_rank",
     "spawn_style_shards_shared_seed",
     "reseeded_after_block",
+    "self_sharding_rank0_eval_own_generator",
+    "self_sharding_reseeded_after_block",
+    "ddp_self_shard_per_rank_augment",
+    "ddp_presharded_files",
+    "dispatch_batches_loader",
+    "ds_drop_last",
 ]
+# Ranks overlap by design (measured in test_intended_overlap_is_what_it_claims): never an error.
+INTENDED_OVERLAP = {
+    "tp_group_same_batch": "identical",  # no data-parallel module: a tensor-parallel group
+    "ddp_with_replacement": "repeats",  # each rank repeats samples within its own epoch
+    "ds_padding": "padding",  # DistributedSampler pads the last share: world - 1 duplicates
+}
 DATASET = {
     "random_split_per_rank",
     "subset_randperm_accelerate",
@@ -160,9 +176,12 @@ def test_verdict_matches_the_measured_partition(
             assert raised_epoch <= first, res["raised_at"]
             assert len(res["epochs"]) <= first
             expected = "dataset-divergence" if scenario in DATASET else "sampler-draw-divergence"
-            if scenario in AT_EPOCH_END:
+            if scenario in AT_EPOCH_END:  # when the rank drew the epoch's last index batch
                 expected = "partition-overlap"
                 assert res["raised_at"] == f"epoch {first}", res["raised_at"]
+                assert res["items_at_raise"] == len(runs["none"][rank][scenario]["epochs"][first])
+            elif res["raised_at"] == f"epoch {first}":  # before its first batch reached the loop
+                assert res["items_at_raise"] == 0, res
             assert expected in res["kinds"], res["kinds"]
         else:
             assert not res["raised"], f"rank {rank}: {res.get('message')}"
@@ -171,12 +190,12 @@ def test_verdict_matches_the_measured_partition(
 @pytest.mark.parametrize("how", HOWS)
 def test_auditing_changes_no_partition(runs: dict[str, Any], how: str) -> None:
     """Every epoch trained before any raise holds the same items as without rngaudit."""
-    for scenario in [*MUST_RAISE, *MUST_STAY_CLEAN]:
+    for scenario in [*MUST_RAISE, *MUST_STAY_CLEAN, *INTENDED_OVERLAP]:
         for rank in range(NPROC):
             audited = runs[how][rank][scenario]["epochs"]
             plain = runs["none"][rank][scenario]["epochs"]
             assert audited == plain[: len(audited)], (scenario, rank)
-            if scenario in MUST_STAY_CLEAN:
+            if scenario not in MUST_RAISE:
                 assert len(audited) == len(plain)
 
 
@@ -213,14 +232,75 @@ def test_forgotten_set_epoch_warns(runs: dict[str, Any]) -> None:
 @pytest.mark.parametrize("how", HOWS)
 def test_the_observed_overlap_is_the_measured_one(runs: dict[str, Any], how: str) -> None:
     """The partition check counts what the ranks were really handed: its numbers are the
-    overlap and the gap measured without rngaudit."""
-    plain = [set(runs["none"][r]["ds_subclass_global_shuffle"]["epochs"][0]) for r in range(2)]
+    overlap and the gap measured without rngaudit (epoch 1 of a sampler that shards itself,
+    after a rank-0-only evaluation; every sample on every rank under DDP)."""
+    plain = [set(runs["none"][r]["self_sharding_rank0_eval"]["epochs"][1]) for r in range(2)]
     shared, never = len(plain[0] & plain[1]), 32 - len(plain[0] | plain[1])
     assert shared > 1  # the scenario's claim, measured
-    message = runs[how][0]["ds_subclass_global_shuffle"]["message"]
+    message = runs[how][0]["self_sharding_rank0_eval"]["message"]
     assert f"{shared} of 32 samples went to more than one rank, and {never} of them to none" in (
         message
     )
+    assert "An earlier epoch of this loader partitioned the data exactly" in message
+    whole = [set(runs["none"][r]["ddp_shuffled_no_sampler"]["epochs"][0]) for r in range(2)]
+    assert whole[0] == whole[1] == set(range(32))
+    message = runs[how][0]["ddp_shuffled_no_sampler"]["message"]
+    assert "every rank was handed the same 32 samples of 32" in message
+    assert "2-fold duplication" in message and "DistributedSampler" in message
+
+
+@pytest.mark.parametrize("how", HOWS)
+def test_a_rank0_only_loader_is_never_waited_for(runs: dict[str, Any], how: str) -> None:
+    """The evaluation loader rank 0 alone iterates between epochs is never compared or waited
+    for (the training loader every rank iterates is waited for at an epoch's end when every
+    rank has announced that epoch or iterated the loader before: timing, not asserted)."""
+    for scenario in ("self_sharding_rank0_eval", "self_sharding_rank0_eval_own_generator"):
+        for rank in range(NPROC):
+            waited = runs[how][rank][scenario]["waited"]
+            assert not any(k.startswith("DataLoader over Items(len=8)") for k in waited), waited
+    waited = [runs[how][r]["self_sharding_rank0_eval"]["waited"] for r in range(NPROC)]
+    assert any(waited), waited  # the training loader's epoch 1: every rank iterated it before
+    assert not runs[how][0]["self_sharding_rank0_eval_own_generator"]["raised"]
+
+
+@pytest.mark.parametrize("scenario", list(INTENDED_OVERLAP))
+def test_intended_overlap_is_what_it_claims(runs: dict[str, Any], scenario: str) -> None:
+    epochs = [runs["none"][r][scenario]["epochs"] for r in range(NPROC)]
+    for e in range(len(epochs[0])):
+        per_rank = [epochs[r][e] for r in range(NPROC)]
+        assert _corrupted(per_rank)  # the ranks overlap, measured
+        why = INTENDED_OVERLAP[scenario]
+        if why == "identical":
+            assert all(sorted(p) == sorted(per_rank[0]) for p in per_rank)
+        elif why == "repeats":
+            assert all(len(set(p)) < len(p) for p in per_rank)
+        else:  # padding: world - 1 samples twice, nothing missing
+            union = [i for p in per_rank for i in p]
+            assert len(union) - len(set(union)) == NPROC - 1 and len(set(union)) == N + 1
+
+
+@pytest.mark.parametrize("how", HOWS)
+@pytest.mark.parametrize("scenario", list(INTENDED_OVERLAP))
+def test_intended_overlap_is_never_an_error(runs: dict[str, Any], how: str, scenario: str) -> None:
+    for rank in range(NPROC):
+        res = runs[how][rank][scenario]
+        assert "crashed" not in res, res.get("crashed")
+        assert not res["raised"], f"rank {rank}: {res.get('message')}"
+
+
+@pytest.mark.parametrize("how", HOWS)
+def test_a_subclass_shuffling_from_the_global_generator_raises_at_the_first_batch(
+    runs: dict[str, Any], how: str
+) -> None:
+    """Its seed and epoch agree; the order its __iter__ drew (from per-rank global state) does
+    not: the error comes before the first batch reaches the loop, naming the draw."""
+    plain = [set(runs["none"][r]["ds_subclass_global_shuffle"]["epochs"][0]) for r in range(2)]
+    assert plain[0] & plain[1]  # the truth: overlapping shares
+    for rank in range(NPROC):
+        res = runs[how][rank]["ds_subclass_global_shuffle"]
+        assert res["raised_at"] == "epoch 0" and res["items_at_raise"] == 0, res
+        assert "drew the order it shards from generator state that differs" in res["message"]
+        assert "aten.randperm" in res["message"] and "torch.default_generator" in res["message"]
 
 
 @pytest.mark.parametrize("how", HOWS)

@@ -1,17 +1,20 @@
 """Three ranks, the last one alone different: every check names it, every rank raises.
 
-The set-ups are in tests/distributed/harm_scenarios.py (``odd_*``): the observed partition (a
-DistributedSampler subclass shuffling from the global generator), the datasets compared when
-the window closes (per-rank shards of per-rank orders), and the first-batch order check (a
-DistributedSampler seed), each with its twin where no rank differs. Three torchrun launches:
-without rngaudit (the truth), with ``rngaudit.audit()`` around the set-up, and under
-``RNGAUDIT=1`` (the window's check first, as a training script's only loader would be).
+The set-ups are in tests/distributed/harm_scenarios.py (``odd_*``): the first-batch order
+check (a DistributedSampler seed; a DistributedSampler subclass shuffling from the global
+generator, by the state its draw came from), the datasets compared when the window closes
+(per-rank shards of per-rank orders), the observed partition of loaders no known class shards
+(a sampler that shards itself, with the last rank alone evaluating between epochs; DDP with no
+sampler: every rank trains every sample), each with its twin where no rank differs. Three
+torchrun launches: without rngaudit (the truth), with ``rngaudit.audit()`` around the set-up,
+and under ``RNGAUDIT=1`` (the window's check first, as a training script's only loader would be).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,10 +28,19 @@ NPROC = 3
 ODD = NPROC - 1
 CORRUPTED = {  # scenario -> the finding kind
     "odd_spawn_style": "dataset-divergence",
-    "odd_subclass_global_shuffle": "partition-overlap",
+    "odd_subclass_global_shuffle": "sampler-draw-divergence",
     "odd_ds_seed": "sampler-draw-divergence",
+    "odd_self_sharding_eval": "partition-overlap",
+    "odd_ddp_shuffled_no_sampler": "partition-overlap",
 }
-TWINS = ["odd_spawn_style_twin", "odd_subclass_global_shuffle_twin", "odd_ds_seed_twin"]
+FIRST = {"odd_self_sharding_eval": 1}  # the first corrupted epoch, when not 0
+TWINS = [
+    "odd_spawn_style_twin",
+    "odd_subclass_global_shuffle_twin",
+    "odd_ds_seed_twin",
+    "odd_self_sharding_eval_twin",
+    "odd_ddp_self_shard_twin",
+]
 ORDER = ["odd_spawn_style", *TWINS[:1], *list(CORRUPTED)[1:], *TWINS[1:]]
 
 pytestmark = pytest.mark.timeout(600)
@@ -57,17 +69,24 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     }
 
 
-def _duplicated(runs: dict[str, Any], scenario: str) -> bool:
-    items = [i for r in range(NPROC) for i in runs["none"][r][scenario]["epochs"][0]]
+def _duplicated(runs: dict[str, Any], scenario: str, epoch: int) -> bool:
+    items = [i for r in range(NPROC) for i in runs["none"][r][scenario]["epochs"][epoch]]
     return len(set(items)) != len(items)
 
 
 @pytest.mark.parametrize("scenario", [*CORRUPTED, *TWINS])
 def test_the_scenario_is_what_it_claims(runs: dict[str, Any], scenario: str) -> None:
-    assert _duplicated(runs, scenario) == (scenario in CORRUPTED)
-    if scenario in CORRUPTED:  # the odd rank is the one that differs: the others agree
-        plain = [set(runs["none"][r][scenario]["epochs"][0]) for r in range(NPROC)]
-        assert not plain[0] & plain[1]
+    epochs = len(runs["none"][0][scenario]["epochs"])
+    truth = [_duplicated(runs, scenario, e) for e in range(epochs)]
+    first = FIRST.get(scenario, 0)
+    assert any(truth) == (scenario in CORRUPTED)
+    if scenario in CORRUPTED:
+        assert truth.index(True) == first
+        plain = [set(runs["none"][r][scenario]["epochs"][first]) for r in range(NPROC)]
+        if scenario == "odd_ddp_shuffled_no_sampler":  # every rank trains every sample
+            assert all(p == set(range(36)) for p in plain)
+        else:  # the odd rank is the one that differs: the others agree
+            assert not plain[0] & plain[1]
 
 
 @pytest.mark.parametrize("how", ["block", "env"])
@@ -81,7 +100,12 @@ def test_every_rank_gets_the_verdict_of_the_truth(
         if scenario in CORRUPTED:
             assert res["raised"], f"rank {rank} did not raise"
             assert CORRUPTED[scenario] in res["kinds"], res["kinds"]
-            assert res["raised_at"] in ("set-up", "epoch 0"), res["raised_at"]
+            first = FIRST.get(scenario, 0)
+            assert res["raised_at"] in ("set-up", f"epoch {first}"), res["raised_at"]
+            if CORRUPTED[scenario] == "partition-overlap":  # at the epoch's end
+                assert res["items_at_raise"] == len(runs["none"][rank][scenario]["epochs"][first])
+            elif res["raised_at"] != "set-up":  # before the first batch reached the loop
+                assert res["items_at_raise"] == 0
         else:
             assert not res["raised"], f"rank {rank}: {res.get('message')}"
 
@@ -90,15 +114,18 @@ def test_every_rank_gets_the_verdict_of_the_truth(
 def test_the_order_check_names_the_odd_rank(runs: dict[str, Any], how: str) -> None:
     message = runs[how][0]["odd_ds_seed"]["message"]
     assert f"seed differs across ranks (ranks 0, 1: 100; rank {ODD}: 101)" in message
+    message = runs[how][0]["odd_subclass_global_shuffle"]["message"]  # the draw's state
+    assert re.search(rf"fingerprints ranks 0, 1: \w+; rank {ODD}: \w+\)", message), message
 
 
 @pytest.mark.parametrize("how", ["block", "env"])
 def test_the_counts_are_the_measured_ones(runs: dict[str, Any], how: str) -> None:
     for scenario, says in (
         ("odd_spawn_style", "root samples are in more than one rank's dataset and"),
-        ("odd_subclass_global_shuffle", "samples went to more than one rank, and"),
+        ("odd_self_sharding_eval", "samples went to more than one rank, and"),
     ):
-        plain = [set(runs["none"][r][scenario]["epochs"][0]) for r in range(NPROC)]
+        first = FIRST.get(scenario, 0)
+        plain = [set(runs["none"][r][scenario]["epochs"][first]) for r in range(NPROC)]
         union = set().union(*plain)
         shared = sum(1 for i in union if sum(i in p for p in plain) > 1)
         assert f"{shared} of 36 {says} {36 - len(union)}" in runs[how][0][scenario]["message"]

@@ -105,3 +105,47 @@ def test_index_lists_are_converted_only_for_a_root_small_enough() -> None:
     assert partition.holds_split(split)  # read, never converted
     assert partition.root_mapping(split, limit=9) is None  # too big a root: not converted
     assert partition.root_mapping(D.Subset(root, [3, 1]), limit=10) is not None  # type: ignore[arg-type]
+
+
+def _taken(root: int, indices: list[int], **extra: Any) -> dict[str, Any]:
+    return dict(_summary(root, indices), **extra)
+
+
+def test_the_unsharded_rule_needs_evidence_the_loader_was_meant_to_be_sharded() -> None:
+    whole = list(range(8))
+    same = {0: _taken(8, whole, training=True), 1: _taken(8, whole, training=True)}
+    finding, exact = epoch_rules.observed_overlap(same, "L", "chain", 0, False, True)
+    assert finding is not None and finding.severity == "error" and not exact
+    assert "every rank was handed the same 8 samples of 8" in finding.message
+    assert "2-fold duplication" in finding.message
+    # no data-parallel module (a tensor-parallel group), or an evaluation under no_grad
+    assert epoch_rules.observed_overlap(same, "L", "c", 0, False, False) == (None, False)
+    evaluation = {r: dict(s, training=False) for r, s in same.items()}
+    assert epoch_rules.observed_overlap(evaluation, "L", "c", 0, False, True) == (None, False)
+    split = {0: _taken(8, [0, 1, 2, 3]), 1: _taken(8, [4, 5, 6, 7])}
+    assert epoch_rules.observed_overlap(split, "L", "c", 0, False, False) == (None, True)
+    thin = {0: _taken(80, [0, 1, 2, 3]), 1: _taken(80, [4, 5, 6, 7])}  # disjoint, not a cover
+    assert epoch_rules.observed_overlap(thin, "L", "c", 0, False, False) == (None, False)
+    shifted = {0: _taken(8, [0, 1, 2, 3]), 1: _taken(8, [2, 3, 4, 5])}
+    finding, _ = epoch_rules.observed_overlap(shifted, "L", "c", 1, True, False)
+    assert finding is not None and finding.severity == "error"
+    assert "An earlier epoch of this loader partitioned the data exactly" in finding.message
+    finding, _ = epoch_rules.observed_overlap(shifted, "L", "c", 1, False, False)
+    assert finding is not None and finding.severity == "warning"
+    repeats = {0: _taken(8, [0, 0, 1, 1, 2]), 1: _taken(8, [1, 2, 2, 3, 3])}
+    assert epoch_rules.observed_overlap(repeats, "L", "c", 0, True, True) == (None, False)
+
+
+def test_root_identity_tells_ranks_own_files_apart() -> None:
+    class Shard:
+        def __init__(self, path: str, data: Any) -> None:
+            self.path, self.data = path, data
+
+        def __len__(self) -> int:
+            return len(self.data)
+
+    a = partition.root_identity(Shard("shard-0.npy", np.arange(16)))
+    assert a == partition.root_identity(Shard("shard-0.npy", np.arange(16)))
+    assert a != partition.root_identity(Shard("shard-1.npy", np.arange(16)))
+    assert a != partition.root_identity(Shard("shard-0.npy", np.arange(16, 32)))
+    assert partition.root_identity(object()) == partition.root_identity(object())

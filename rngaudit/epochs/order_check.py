@@ -12,7 +12,11 @@ Two class-level wrappers, installed while something is watched:
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import logging
+import sys
+import types
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -26,8 +30,8 @@ from rngaudit.capture.instrument import loaders as instrument_loaders
 from rngaudit.capture.patching import PatchSet
 from rngaudit.capture.recorder import RECORDER
 from rngaudit.config import Settings
+from rngaudit.epochs import observed, partition, sharding
 from rngaudit.epochs import order_rules as epoch_rules
-from rngaudit.epochs import partition, sharding
 from rngaudit.findings import Finding
 from rngaudit.ranks import exchange
 from rngaudit.ranks.policy import act
@@ -44,6 +48,17 @@ class Watch:
     settings: Settings
     session: Any  # rngaudit.ranks.session.Session
     every_epoch: bool
+
+
+@dataclass
+class _Observed:
+    """A loader no known class shards, whose epochs are published and compared lazily."""
+
+    key: str
+    label: str
+    identity: str
+    epochs: int = 0
+    scanned: bool = False  # the heap searched once for data-parallel modules
 
 
 @dataclass
@@ -102,6 +117,12 @@ class EpochGuard:
         self.loaders: weakref.WeakKeyDictionary[Any, _LoaderState] = weakref.WeakKeyDictionary()
         self.seen: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self.tapes: weakref.WeakSet[partition.Tape] = weakref.WeakSet()  # epochs observed now
+        # loaders no known class shards, built in a with-block: index sampler -> its watch
+        self.observing: weakref.WeakKeyDictionary[Any, Watch] = weakref.WeakKeyDictionary()
+        self.observed: weakref.WeakKeyDictionary[Any, _Observed] = weakref.WeakKeyDictionary()
+        self._occurrences: dict[str, int] = {}
+        self.later: list[observed.Epoch] = []  # published epochs not compared yet
+        self.partitioned: set[str] = set()  # loaders an epoch of which partitioned the data
         # (iterator class, observing) -> its subclass without our wrappers
         self._plain: dict[tuple[type, bool], type] = {}
         self._count = 0
@@ -134,6 +155,11 @@ class EpochGuard:
                     kept.append(shard)
                     self.pending[shard] = watch
                     weakref.finalize(shard, self._dropped)  # never iterated: stop waiting
+                elif exchange.distributed() is not None:
+                    index = peek.first_attr(loader, "batch_sampler", "sampler")
+                    with contextlib.suppress(TypeError):  # an unhashable sampler: not observed
+                        self.observing[index] = watch
+                        weakref.finalize(index, self._dropped)
             for tape in list(self.tapes):  # epochs drawn inside the block (a prefetch)
                 if tape.context[0] is watch and all(tape.context[1] is not k for k in kept):
                     tape.abandon()  # the block's verdict already covered that loader
@@ -156,6 +182,7 @@ class EpochGuard:
             self.everything is None
             and not self.open
             and len(self.pending) == 0
+            and len(self.observing) == 0
             and not any(not t.closed for t in self.tapes)
         ):
             self.uninstall()
@@ -167,7 +194,10 @@ class EpochGuard:
             if self.installed:
                 return
             self.installed = True
+            observed.installed(torch_loaded="torch" in sys.modules)
             for name in ("torch.utils.data.dataloader", "accelerate.data_loader"):
+                self.patches.when_imported(name, self._on_import)
+            for name, _ in observed.DATA_PARALLEL_CLASSES[:2]:
                 self.patches.when_imported(name, self._on_import)
 
     def _on_import(self, module: Any) -> None:
@@ -181,6 +211,11 @@ class EpochGuard:
                     self.patches.wrap(cls, "__next__", self._next)
                 if not self.patches.replaced(cls, "_next_index"):
                     self.patches.wrap(cls, "_next_index", self._next_index)
+            elif name in dict(observed.DATA_PARALLEL_CLASSES[:2]):  # DDP, FSDP
+                cls = getattr(module, dict(observed.DATA_PARALLEL_CLASSES)[name], None)
+                init = cls.__dict__.get("__init__") if isinstance(cls, type) else None
+                if init is not None and not isinstance(init, wrapt.FunctionWrapper):
+                    self.patches.wrap(cls, "__init__", _note_module)
             elif name == "accelerate.data_loader":
                 cls = module.BatchSamplerShard
                 if not self.patches.replaced(cls, "__iter__"):
@@ -241,7 +276,7 @@ class EpochGuard:
             self._first_batch(instance)
         tape = instance.__dict__.get("_rngaudit_tape")
         # nothing to observe until the next epoch begins, or only the index batches
-        self._go_plain(instance, observing=tape is not None and not tape.closed)
+        self._go_plain(instance, observing=tape is not None and not tape.closed and not tape.teed)
         return batch
 
     def _go_plain(self, iterator: Any, observing: bool = False) -> None:
@@ -299,14 +334,92 @@ class EpochGuard:
         key = id(state.get("_sampler_iter"))
         if state.get("_rngaudit_epoch") != key:  # the epoch's first index batch
             state["_rngaudit_epoch"] = key
+            state.pop("_rngaudit_draws", None)
             with RECORDER.paused():
-                state["_rngaudit_tape"] = self._open_tape(instance)
+                if self.later:
+                    self._compare_later()
+                tape = state["_rngaudit_tape"] = self._open_tape(instance)
+                if tape is not None:
+                    self._tee(instance, tape)
+                nodes = self._draws_to_record(instance)
+            if nodes:
+                return self._recorded(state, nodes, wrapped, *args, **kw)
         return self._observe(state.get("_rngaudit_tape"), wrapped, *args, **kw)
+
+    def _tee(self, iterator: Any, tape: partition.Tape) -> None:
+        """Observe the epoch with no rngaudit frame per batch: the iterator's index iterator
+        becomes a chain of ``islice(tee_a, FOLD)`` segments (C code), the other tee branch
+        holds the segment's index batches, and between segments a generator of ours folds
+        them into the tape (once per ``FOLD`` batches); the segment that comes up short ends
+        the epoch and compares it. Only torch's own iterators (torchdata's stateful ones save
+        ``_sampler_iter``'s state), and roots up to ``TEE_MAX`` samples."""
+        try:
+            if type(iterator) not in _tee_classes() or tape.root_size > TEE_MAX:
+                return
+            state = iterator.__dict__
+            source = state["_sampler_iter"]
+            # a generator (BatchSampler's) or a builtin iterator stays exhausted once it is:
+            # the second branch's last next() draws nothing (another iterator might restart)
+            builtin = type(source).__module__ == "builtins"
+            if not (isinstance(source, types.GeneratorType) or builtin):
+                return
+            first, second = itertools.tee(source)
+            tape.teed = True
+            segments = self._segments(first, second, tape)
+            state["_sampler_iter"] = itertools.chain.from_iterable(segments)
+            state["_rngaudit_epoch"] = id(state["_sampler_iter"])
+        except Exception:
+            log.debug("rngaudit: could not tee the index batches", exc_info=True)
+
+    def _segments(self, first: Any, second: Any, tape: partition.Tape) -> Iterator[Any]:
+        """The teed epoch's index batches, ``partition.FOLD`` at a time, each segment folded
+        into ``tape`` when the next is asked for; a short one ends the epoch (the source is
+        a generator or a builtin iterator: exhausted, it stays so)."""
+        fold = partition.FOLD
+        while True:
+            yield itertools.islice(first, fold)
+            with RECORDER.paused():
+                batches = list(itertools.islice(second, fold))
+                tape.take(batches)
+                if len(batches) < fold:
+                    if not tape.closed:
+                        self._epoch_end(tape)
+                    return
+
+    def _draws_to_record(self, iterator: Any) -> list[Any]:
+        """The sampler chain of a watched DistributedSampler (whose ``__iter__`` may be a
+        subclass's own), to record its draws while the epoch's first index batch is drawn."""
+        try:
+            nodes = sharding.chain(peek.attr(iterator, "_index_sampler"))
+            shard = sharding.shard_of(nodes)
+            if not sharding.is_distributed_sampler(shard):
+                return []
+            with self._lock:
+                return nodes if self._watch_for(shard) is not None else []
+        except Exception:
+            return []
+
+    def _recorded(self, state: dict[str, Any], nodes: list[Any], pull: Any, *args: Any) -> Any:
+        """The epoch's first index batch, the sampler draws made for it kept in ``state``
+        (the order check compares their generator states at the first batch)."""
+        window = RECORDER.begin()  # nested in the enclosing audit's, if any
+        try:
+            instrument_loaders.mark_samplers(RECORDER, nodes)
+            return self._observe(state.get("_rngaudit_tape"), pull, *args)
+        finally:
+            try:
+                events = RECORDER.events_since(window)
+                state["_rngaudit_draws"] = [
+                    _draw_summary(e) for e in events if e.get("sampler") and e["kind"] == DRAW
+                ]
+            except Exception:
+                log.debug("rngaudit: could not read the first index batch's draws", exc_info=True)
+            RECORDER.end(window)
 
     def _observe(self, tape: partition.Tape | None, pull: Callable[..., Any], *args: Any) -> Any:
         """One index batch from ``pull``, kept in ``tape``; when the rank has drawn its whole
         share of the epoch (StopIteration), the ranks compare the epoch."""
-        if tape is None:
+        if tape is None or tape.teed:
             return pull(*args)
         try:
             batch = pull(*args)
@@ -325,7 +438,7 @@ class EpochGuard:
             nodes = sharding.chain(peek.attr(iterator, "_index_sampler"))
             shard = sharding.shard_of(nodes)
             if shard is None:
-                return None
+                return self._open_observed(iterator, nodes)
             with self._lock:
                 watch = self._watch_for(shard)
                 if watch is None:
@@ -344,9 +457,134 @@ class EpochGuard:
             log.warning("rngaudit: could not observe the loader's partition", exc_info=True)
             return None
 
+    def _open_observed(self, iterator: Any, nodes: list[Any]) -> partition.Tape | None:
+        """An epoch of a map-style loader no known class shards, in a run of several ranks:
+        announced through the store and observed (:mod:`rngaudit.epochs.observed`)."""
+        if exchange.distributed() is None or not nodes:
+            return None
+        index = nodes[0]
+        with self._lock:
+            watch = self.observing.get(index) or (self.open[-1] if self.open else self.everything)
+            if watch is None:
+                return None
+            known = self.observed.get(index)
+        dataset = peek.attr(iterator, "_dataset")
+        if known is None:
+            root = partition.root_of(dataset)
+            identity = partition.root_identity(root)
+            chain = sharding.chain_name(nodes)
+            batch = peek.attr(index, "batch_size")
+            with self._lock:
+                base = f"{identity}|{chain}|{batch}"
+                occurrence = self._occurrences.get(base, 0)
+                self._occurrences[base] = occurrence + 1
+                # named the same on every rank that iterates it (never by _count: the sharded
+                # loaders' exchange keys use it, and a loader one rank iterates must not move it)
+                label = f"DataLoader over {type(root).__name__}(len={peek.size(root)})" + (
+                    f" #{occurrence + 1}" if occurrence else ""
+                )
+                known = _Observed(observed.loader_key(identity, chain, batch, occurrence), label,
+                                  identity)  # fmt: skip
+                self.observed[index] = known
+        if not watch.every_epoch and known.epochs > 0:
+            return None
+        mapping = partition.root_mapping(dataset)
+        if mapping is None:
+            return None
+        epoch = observed.Epoch(
+            known.key, known.epochs, known.label, sharding.chain_name(nodes), watch
+        )
+        known.epochs += 1
+        observed.start(epoch)
+        torch = sys.modules.get("torch")
+        training = bool(torch.is_grad_enabled()) if torch is not None else False
+        tape = partition.Tape(mapping[0], mapping[1], (watch, None, epoch, known, training))
+        with self._lock:
+            self.tapes.add(tape)
+        weakref.finalize(tape, self._dropped)
+        return tape
+
+    def _observed_end(self, tape: partition.Tape) -> None:
+        """Publish what this rank took in an observed epoch; compare when every rank has."""
+        _, _, epoch, known, training = tape.context
+        try:
+            groups = observed.data_parallel_groups(scan=not known.scanned)
+            known.scanned = True
+            summary = dict(
+                tape.summary(), identity=known.identity, training=training, data_parallel=groups
+            )
+            got = observed.finish(epoch, summary)
+        except Exception:
+            log.warning("rngaudit: could not publish the loader's observed epoch", exc_info=True)
+            return
+        finally:
+            with self._lock:
+                self._maybe_uninstall()
+        if got is None:
+            with self._lock:
+                self.later.append(epoch)
+                dropped = self.later[: -observed.MAX_PENDING]
+                self.later = self.later[-observed.MAX_PENDING :]
+            for old in dropped:  # never published by every rank (one rank's loader)
+                observed.forget(old)
+            return
+        self._judge(epoch, got)
+
+    def _compare_later(self) -> None:
+        """The published epochs every rank has published since: compared now, oldest first."""
+        with self._lock:
+            waiting, self.later = self.later, []
+        ready = []
+        for epoch in waiting:
+            try:
+                got = observed.collect(epoch)
+            except Exception:
+                log.debug("rngaudit: could not read an observed epoch", exc_info=True)
+                continue
+            if got is None:
+                with self._lock:
+                    self.later.append(epoch)
+            else:
+                ready.append((epoch, got))
+        for epoch, got in ready:  # may raise: the epochs still waiting are kept above
+            self._judge(epoch, got)
+
+    def _judge(self, epoch: observed.Epoch, published: list[dict[str, Any]]) -> None:
+        """The verdict on one observed epoch, from every rank's summary (the same on every
+        rank): raised or warned as the watch's mode says."""
+        found: list[Finding] = []
+        label = f"observed partition of epoch {epoch.epoch} of {epoch.label} ({epoch.chain})"
+        try:
+            summaries = {int(r["rank"]): r for r in published}
+            if not _one_loader(summaries):
+                return
+            # a data-parallel signal only when every rank published one; the overlap is then
+            # judged within this rank's data-parallel group
+            data_parallel = all(s.get("data_parallel") for s in summaries.values())
+            mine = exchange.current_rank()
+            groups = summaries.get(mine, {}).get("data_parallel") or []
+            group = next((g for g in groups if mine in g), None)
+            if data_parallel and group is not None and 1 < len(group) < len(summaries):
+                summaries = {r: s for r, s in summaries.items() if r in group}
+            finding, exact = epoch_rules.observed_overlap(
+                summaries, epoch.label, epoch.chain, epoch.epoch,
+                epoch.key in self.partitioned, data_parallel,
+            )  # fmt: skip
+            if exact:
+                self.partitioned.add(epoch.key)
+            if finding is not None:
+                found.append(finding)
+                epoch.watch.session.add_check(label, found)
+        except Exception:
+            log.warning("rngaudit: the observed partition could not compare", exc_info=True)
+        _act(found, epoch.watch, label)
+
     def _epoch_end(self, tape: partition.Tape) -> None:
         """The ranks compare the samples each was handed this epoch; every rank raises on an
         overlap beyond padding."""
+        if tape.context[1] is None:
+            self._observed_end(tape)
+            return
         watch, shard, chain, epoch = tape.context
         found: list[Finding] = []
         with self._lock:
@@ -445,6 +683,8 @@ class EpochGuard:
         }
         if sharding.is_distributed_sampler(shard):
             record["sampler_state"] = sharding.distributed_sampler_state(shard)
+            # what its __iter__ drew for this epoch's first index batch (a subclass's own order)
+            record["draws"] = list(iterator.__dict__.get("_rngaudit_draws") or [])
         else:
             record["order"] = list(state.tape.batches)
             record["draws"] = list(state.tape.draws)
@@ -478,6 +718,13 @@ class EpochGuard:
 
 
 _PLAIN_MARK = "_rngaudit_plain"
+TEE_MAX = partition.MAX_ROOT  # roots observed through a tee (at most FOLD batches held)
+
+
+def _tee_classes() -> tuple[type, ...]:
+    module = sys.modules.get("torch.utils.data.dataloader")
+    names = ("_SingleProcessDataLoaderIter", "_MultiProcessingDataLoaderIter")
+    return tuple(c for c in (getattr(module, n, None) for n in names) if isinstance(c, type))
 
 
 def _observing_next_index(original: Callable[[Any], Any], guard: EpochGuard) -> Any:
@@ -567,6 +814,27 @@ def _teed_stream(shard: Any, gen: Iterator[Any], tape: sharding.OrderTape) -> It
         shard.__dict__["dataset"] = inner
     yield first
     yield from gen
+
+
+def _note_module(
+    wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kw: dict[str, Any]
+) -> Any:
+    """A DistributedDataParallel / FSDP module built: the data-parallel signal."""
+    result = wrapped(*args, **kw)
+    if instance is not None:
+        observed.note_module(instance)
+    return result
+
+
+def _one_loader(summaries: dict[int, dict[str, Any]]) -> bool:
+    """Whether the ranks' published epochs are one loader's: the same root dataset (identity
+    and size), as many index batches on every rank (a data-parallel loop steps together)."""
+    if len(summaries) < 2 or not all(s.get("known") for s in summaries.values()):
+        return False
+    return all(
+        len({str(s.get(k)) for s in summaries.values()}) == 1
+        for k in ("identity", "root_size", "batches")
+    )
 
 
 def _draw_summary(event: records.Event) -> records.SamplerDraw:

@@ -53,6 +53,12 @@ CONTENT_REMEDY = (
     "see identical rows, seed the .map() function's randomness identically on every rank (or "
     "run .map() once and save the result with save_to_disk)."
 )
+SUBCLASS_REMEDY = (
+    "A DistributedSampler subclass must draw its order from a generator seeded identically "
+    "on every rank: g = torch.Generator(); g.manual_seed(self.seed + self.epoch); "
+    "torch.randperm(n, generator=g), as DistributedSampler does (never the global generator, "
+    "which per-rank seeds and rank-only work make differ)."
+)
 REPEAT_REMEDY = (
     "Call sampler.set_epoch(epoch) at the start of every epoch (DistributedSampler, accelerate's "
     "loaders do it for you); a sampler that reseeds itself identically each epoch repeats "
@@ -147,12 +153,25 @@ def compare(
         for key in ("seed", "epoch", "shuffle", "drop_last", "total_size", "resume_at")
         if len({str((s or {}).get(key)) for s in states.values()}) > 1
     ]
-    if differs or _common_prefix_differs(orders):
+    if differs or _common_prefix_differs(orders) or _sampler_draws_differ(records):
         out.append(_order_finding(records, where, states, orders, differs, loader, epoch))
     positions = {int(r["rank"]): r.get("position") for r in records}
     if len(set(positions.values())) > 1:
         out.append(_position_finding(where, positions, loader, epoch))
     return out
+
+
+def _sampler_draws_differ(records: list[EpochRecord]) -> bool:
+    """A DistributedSampler (a subclass's own ``__iter__``) drew the epoch's order, on every
+    rank, from generator state (or with an output) that differs across ranks: its seed and
+    epoch no longer fix the order it shards."""
+    if any(r.get("sampler_state") is None or not r.get("draws") for r in records):
+        return False
+    firsts = [(r.get("draws") or [])[0] for r in records]
+    return (
+        len({str(d.get("fingerprint")) for d in firsts}) > 1
+        or len({str(d.get("output_digest")) for d in firsts}) > 1
+    )
 
 
 def _position_finding(where: str, positions: dict[int, Any], loader: str, epoch: int) -> Finding:
@@ -276,6 +295,12 @@ def _order_finding(
                 f"The DistributedSampler's {key} differs across ranks ({_groups(values)})."
             )
         remedy = DS_EPOCH_REMEDY if differs == ["epoch"] else DS_SEED_REMEDY
+    elif any(r.get("sampler_state") is not None for r in records):
+        lines.append(
+            f"Its seed and epoch agree on every rank, but its __iter__ ({chain}) drew the order "
+            "it shards from generator state that differs across ranks."
+        )
+        remedy = SUBCLASS_REMEDY
     else:
         firsts = {rank: (o[0] if o else None) for rank, o in orders.items()}
         lines.append(f"The first batch of the order before sharding differs ({_groups(firsts)}).")
@@ -373,3 +398,96 @@ def partition_overlap(
             "per_rank": {str(r): n for r, n in seen["per_rank"].items()},
         },
     )
+
+
+DUPLICATION_REMEDY = (
+    "Shard the loader between the data-parallel ranks: DataLoader(ds, "
+    "sampler=DistributedSampler(ds, shuffle=True, seed=SEED)) with sampler.set_epoch(epoch) "
+    "each epoch (or let accelerate's prepare() / Lightning shard it). A sampler of your own "
+    "that takes perm[rank::world] must draw perm from a generator seeded identically on every "
+    "rank (torch.Generator().manual_seed(SEED + epoch)), never from the global generator."
+)
+
+
+def observed_overlap(
+    summaries: dict[int, dict[str, Any]],
+    loader: str,
+    chain: str,
+    epoch: int,
+    partitioned_before: bool,
+    data_parallel: bool,
+) -> tuple[Finding | None, bool]:
+    """The verdict on one epoch of a loader no known class shards, from what each rank was
+    handed, and whether this epoch partitioned the data exactly (evidence for later epochs).
+
+    An overlap beyond padding is an error when the loader partitioned the data exactly in an
+    earlier epoch (it is meant to be sharded) or when the ranks trained under a data-parallel
+    module (DDP / FSDP: every rank stepping on the same samples is duplication); otherwise a
+    partial overlap is a warning and ranks handed identical samples (a tensor-parallel group,
+    a replicated evaluation) are nothing at all.
+    """
+    world = len(summaries)
+    seen = partition.overlap(summaries)
+    if seen is None:
+        return None, False
+    if seen["shared"] <= world - 1:  # a partition when the ranks covered (nearly) all of it
+        return None, seen["union"] * 10 >= seen["root_size"] * 9
+    if max(seen["repeats"].values()) > world - 1:
+        return None, False  # sampling with replacement: ranks may overlap by design
+    bitmaps = {str(s.get("bitmap")) for s in summaries.values()}
+    identical = len(bitmaps) == 1
+    training = all(s.get("training") for s in summaries.values())
+    if not (partitioned_before or (data_parallel and training)):
+        if identical:
+            return None, False
+        severity = "warning"
+    else:
+        severity = "error"
+    never = seen["root_size"] - seen["union"]
+    counts = ", ".join(f"rank {r}: {n}" for r, n in sorted(seen["per_rank"].items()))
+    where = f"epoch {epoch} of {loader} ({chain}, sharded by no DistributedSampler)"
+    if identical:
+        lines = [
+            f"In {where} every rank was handed the same {seen['union']} samples of "
+            f"{seen['root_size']}: the data-parallel ranks trained on identical batches, a "
+            f"{world}-fold duplication of the epoch (observed from the index batches each rank "
+            "drew, while a DistributedDataParallel / FSDP module trained)."
+        ]
+    else:
+        lines = [
+            f"In {where} the ranks were handed overlapping samples: {seen['shared']} of "
+            f"{seen['root_size']} samples went to more than one rank, and {never} of them to "
+            f"none ({counts} distinct samples each). Each rank took its share of a different "
+            "order: this epoch duplicated some samples and dropped others (observed from the "
+            "index batches each rank drew)."
+        ]
+        if partitioned_before:
+            lines.append(
+                "An earlier epoch of this loader partitioned the data exactly: the order it "
+                "shards was drawn from state that no longer agrees across ranks (a rank-only "
+                "evaluation or per-rank seeding between epochs, with a sampler drawing from the "
+                "global generator)."
+            )
+        elif severity == "warning":
+            lines.append(
+                "No data-parallel module (DistributedDataParallel / FSDP) was found training "
+                "and no earlier epoch partitioned the data, so this may be by design."
+            )
+    finding = Finding(
+        kind=fk.PARTITION_OVERLAP,
+        severity=severity,
+        message="\n".join(lines),
+        ranks=sorted(summaries),
+        remedy=DUPLICATION_REMEDY,
+        details={
+            "loader": loader,
+            "epoch": epoch,
+            "check": "observed-partition",
+            "shared": seen["shared"],
+            "never": never,
+            "root_size": seen["root_size"],
+            "identical": identical,
+            "per_rank": {str(r): n for r, n in seen["per_rank"].items()},
+        },
+    )
+    return finding, False

@@ -17,7 +17,7 @@ from typing import Any
 from rngaudit import peek
 
 MAX_ROOT = 1 << 21  # root samples compared exactly (a 256 KiB bitmap per rank and epoch)
-_FOLD = 256  # index batches kept before they are folded into the bitmap
+FOLD = 256  # index batches kept before they are folded into the bitmap
 _MAX_DEPTH = 8
 
 
@@ -39,6 +39,69 @@ def _levels(dataset: Any) -> tuple[list[Any], int] | None:
         node = inner
     size = peek.size(node)
     return None if size is None else (levels, size)
+
+
+def root_of(dataset: Any) -> Any:
+    """The dataset at the bottom of ``dataset``'s ``dataset`` attributes (itself when none)."""
+    node = dataset
+    for _ in range(_MAX_DEPTH):
+        inner = peek.attr(node, "dataset")
+        if inner is None:
+            break
+        node = inner
+    return node
+
+
+_IDENTITY_ATTRS = 32  # instance attributes of a root dataset read for its identity
+_IDENTITY_ITEMS = 64  # entries of a list attribute, evenly spaced
+_IDENTITY_VALUES = 4096  # values of an array attribute, evenly spaced
+
+
+def root_identity(root: Any) -> str:
+    """What tells one rank's root dataset from another's, read without ``__getitem__``: its
+    class, size and its instance attributes (scalars and strings by value, lists by length
+    and evenly spaced entries, arrays by shape, dtype and evenly spaced values, anything else
+    by its class). Ranks reading their own files differ here (a path, the loaded data)."""
+    import zlib
+
+    parts = [type(root).__qualname__, str(peek.size(root))]
+    try:
+        names = sorted(k for k in vars(root) if isinstance(k, str))[:_IDENTITY_ATTRS]
+    except Exception:  # no __dict__ (slots, a C type): its class and size only
+        names = []
+    for name in names:
+        try:
+            value = vars(root)[name]
+            parts.append(f"{name}={_value_digest(value, zlib.crc32)}")
+        except Exception:  # an attribute that cannot be read: its name only
+            parts.append(f"{name}=?")
+    return f"{zlib.crc32(repr(parts).encode()):08x}"
+
+
+def _value_digest(value: Any, crc: Any) -> str:
+    if value is None or isinstance(value, bool | int | float | str | bytes):
+        text = repr(value)
+        return text if len(text) <= 64 else f"{crc(text.encode()):08x}"
+    if isinstance(value, list | tuple):
+        n = len(value)
+        step = max(1, n // _IDENTITY_ITEMS)
+        picked = [value[i] for i in range(0, n, step)][:_IDENTITY_ITEMS]
+        scalars = [
+            repr(v) if isinstance(v, bool | int | float | str | bytes) else type(v).__name__
+            for v in picked
+        ]
+        return f"{type(value).__name__}[{n}]:{crc(repr(scalars).encode()):08x}"
+    if _is_array(value):
+        np = sys.modules["numpy"]
+        flat = value.reshape(-1)
+        step = max(1, int(flat.shape[0]) // _IDENTITY_VALUES)
+        sample = flat[::step][:_IDENTITY_VALUES]
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(sample, torch.Tensor):
+            sample = sample.detach().cpu().contiguous().numpy()
+        data = np.ascontiguousarray(sample).tobytes()
+        return f"{tuple(value.shape)}{value.dtype}:{crc(data):08x}"
+    return type(value).__name__
 
 
 def root_mapping(dataset: Any, limit: int = MAX_ROOT) -> tuple[list[Any], int] | None:
@@ -101,8 +164,10 @@ class Tape:
         self.seen = np.zeros(root_size, dtype=bool)  # repeats: taken - distinct
         self.pending: list[Any] = []
         self.taken = 0
+        self.batches = 0  # index batches drawn (counted when folded)
         self.known = True
         self.closed = False
+        self.teed = False  # its batches come in segments (take), not one by one (add)
 
     def abandon(self) -> None:
         """Observe no more, compare nothing: another check already decided this epoch."""
@@ -115,7 +180,13 @@ class Tape:
         if not self.known:
             return
         self.pending.append(batch)
-        if len(self.pending) >= _FOLD:
+        if len(self.pending) >= FOLD:
+            self._fold()
+
+    def take(self, batches: list[Any]) -> None:
+        """A segment of index batches, folded now."""
+        if self.known:
+            self.pending.extend(batches)
             self._fold()
 
     def _fold(self) -> None:
@@ -124,6 +195,7 @@ class Tape:
         batches, self.pending = self.pending, []
         if not batches:
             return
+        self.batches += len(batches)
         try:
             if isinstance(batches[0], int):  # batching off: one index per draw
                 idx = np.asarray(batches, dtype=np.int64)
@@ -151,6 +223,7 @@ class Tape:
             "known": True,
             "root_size": self.root_size,
             "taken": self.taken,
+            "batches": self.batches,
             "distinct": int(seen.sum()),
             "bitmap": base64.b64encode(np.packbits(seen).tobytes()).decode("ascii"),
         }

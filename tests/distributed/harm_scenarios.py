@@ -114,6 +114,8 @@ class Plan:
     epochs: int = 1
     before_epoch: Callable[[int], None] | None = None
     after_epoch: Callable[[int], None] | None = None
+    step: Callable[[Any], None] | None = None  # a training step on each batch
+    keep: Any = None  # what must stay alive while the loader is iterated (a DDP model)
 
 
 @dataclass
@@ -576,6 +578,206 @@ def reseeded_after_block(ctx: Ctx) -> Plan:
     return Plan(prepared, before_epoch=lambda epoch: seed_all(42))
 
 
+# --------------------------------------------------------------------------- issue 21 (unsharded)
+# Loaders no known class shards: a sampler that shards itself, a loader with no sampler under
+# DDP. Their epochs are published through the store and compared when every rank has.
+
+
+class RankShardSampler(Sampler[int]):
+    """A sampler that shards itself (lerobot's EpisodeAwareSampler shape): a permutation drawn
+    from the global generator (or ``generator``), every world-th entry from the rank's."""
+
+    def __init__(self, n: int, rank: int, world: int, generator: Any = None) -> None:
+        self.n, self.rank, self.world, self.generator = n, rank, world, generator
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self.n, self.world))
+
+    def __iter__(self) -> Iterator[int]:
+        perm = torch.randperm(self.n, generator=self.generator)
+        yield from perm[self.rank :: self.world].tolist()
+
+
+def _ddp_step(model: Any) -> Callable[[Any], None]:
+    def step(batch: Any) -> None:
+        x = torch.as_tensor(_items(batch), dtype=torch.float32).view(-1, 1)
+        model(x).sum().backward()  # DDP all-reduces the gradients: the ranks step together
+
+    return step
+
+
+def _ddp_model() -> Any:
+    torch.manual_seed(0)
+    return torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1))
+
+
+def _self_sharding(ctx: Ctx, evaluator: int | None, global_draws: bool, n: int = N) -> Plan:
+    model = _ddp_model()  # the ranks step together (accelerate's DDP, in lerobot)
+    seed_all(42)
+    ds = Items(n)
+    sampler = RankShardSampler(n, ctx.rank, ctx.world)
+    loader = ctx.audited(lambda: DataLoader(ds, batch_size=2, sampler=sampler))
+    # every iteration of a DataLoader draws its workers' base seed from its generator: the
+    # global one unless it has its own
+    own = None if global_draws else torch.Generator().manual_seed(1)
+    evaluation = DataLoader(Items(8), batch_size=4, shuffle=True, generator=own)
+
+    def evaluate(epoch: int) -> None:
+        if ctx.rank == evaluator:  # that rank alone evaluates: its global generator moves on
+            for _batch in evaluation:
+                pass
+
+    return Plan(loader, epochs=2, after_epoch=evaluate, step=_ddp_step(model), keep=model)
+
+
+def self_sharding_rank0_eval(ctx: Ctx) -> Plan:
+    """The sampler shards a permutation of the global generator; rank 0 alone runs a shuffled
+    evaluation loader after epoch 0 (its RandomSampler draws its seed from the global
+    generator): epoch 1's permutations differ across ranks."""
+    return _self_sharding(ctx, 0, True)
+
+
+def self_sharding_rank0_eval_own_generator(ctx: Ctx) -> Plan:
+    """The twin: rank 0's evaluation loader draws from a generator of its own; it is still
+    iterated by rank 0 alone (never waited for, never compared)."""
+    return _self_sharding(ctx, 0, False)
+
+
+def self_sharding_reseeded_after_block(ctx: Ctx) -> Plan:
+    """Per-rank seeds at set-up, the ranks reseeded identically before each epoch: intact."""
+    seed_all(100 + ctx.rank)
+    ds = Items(N)
+    sampler = RankShardSampler(N, ctx.rank, ctx.world)
+    loader = ctx.audited(lambda: DataLoader(ds, batch_size=2, sampler=sampler))
+    return Plan(loader, epochs=2, before_epoch=lambda epoch: seed_all(42 + epoch))
+
+
+def _no_sampler(ctx: Ctx, ddp: bool, n: int = N) -> Plan:
+    seed_all(0)  # identical on every rank
+    model = _ddp_model() if ddp else torch.nn.Linear(1, 1)
+    loader = ctx.audited(lambda: DataLoader(Items(n), batch_size=4, shuffle=True))
+    return Plan(loader, epochs=2, step=_ddp_step(model), keep=model)
+
+
+def ddp_shuffled_no_sampler(ctx: Ctx) -> Plan:
+    """DDP, a shuffled DataLoader with no DistributedSampler, identically seeded ranks: every
+    rank trains the whole dataset each epoch (world-size-fold duplication)."""
+    return _no_sampler(ctx, True)
+
+
+def tp_group_same_batch(ctx: Ctx) -> Plan:
+    """No data-parallel module: a tensor-parallel-style group whose ranks are meant to see
+    the same batch (identical seeds, no sampler): intended, never an error."""
+    return _no_sampler(ctx, False)
+
+
+def ddp_self_shard_per_rank_augment(ctx: Ctx) -> Plan:
+    """DDP, a self-sharding sampler with a generator seeded identically on every rank, and
+    per-rank global seeds for augmentation: intact."""
+    seed_all(100 + ctx.rank)
+    model = _ddp_model()
+    seed_all(100 + ctx.rank)
+    generator = torch.Generator().manual_seed(7)
+    sampler = RankShardSampler(N, ctx.rank, ctx.world, generator)
+    loader = ctx.audited(lambda: DataLoader(Items(N), batch_size=2, sampler=sampler))
+
+    def step(batch: Any) -> None:
+        _ddp_step(model)(batch)
+        F.dropout(torch.ones(4), p=0.5, training=True)  # per-rank augmentation, by design
+
+    return Plan(loader, epochs=2, step=step, keep=model)
+
+
+class FileShard(Dataset[int]):
+    """A rank's own pre-sharded file (its samples' global ids), loaded whole."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+        self.data = np.load(path)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int) -> int:
+        return int(self.data[i])
+
+
+def ddp_presharded_files(ctx: Ctx) -> Plan:
+    """DDP, every rank reads its own disjoint file and shuffles it, identical seeds: intact."""
+    path = ctx.report_dir.parent / f"shard-{ctx.rank}.npy"
+    part = N // ctx.world
+    np.save(path, np.arange(ctx.rank * part, (ctx.rank + 1) * part))
+    seed_all(0)
+    model = _ddp_model()
+    loader = ctx.audited(lambda: DataLoader(FileShard(path), batch_size=2, shuffle=True))
+    return Plan(loader, epochs=2, step=_ddp_step(model), keep=model)
+
+
+def ddp_with_replacement(ctx: Ctx) -> Plan:
+    """DDP, independent with-replacement samplers seeded per rank: overlap by design."""
+    seed_all(100 + ctx.rank)
+    model = _ddp_model()
+    seed_all(100 + ctx.rank)
+    sampler = torch.utils.data.RandomSampler(Items(N), replacement=True, num_samples=N // 2)
+    loader = ctx.audited(lambda: DataLoader(Items(N), batch_size=2, sampler=sampler))
+    return Plan(loader, epochs=2, step=_ddp_step(model), keep=model)
+
+
+def dispatch_batches_loader(ctx: Ctx) -> Plan:
+    """accelerate with dispatch_batches=True: rank 0 reads every batch and sends each rank
+    its slice (the other ranks iterate no loader of their own): intact."""
+    from accelerate import Accelerator, DataLoaderConfiguration
+    from accelerate.utils import InitProcessGroupKwargs
+
+    acc = Accelerator(
+        cpu=True,
+        dataloader_config=DataLoaderConfiguration(dispatch_batches=True),
+        kwargs_handlers=[InitProcessGroupKwargs(backend="gloo", timeout=PG_TIMEOUT)],
+    )
+    seed_all(100 + ctx.rank)
+    loader = DataLoader(Items(N), batch_size=2, shuffle=True)
+    return Plan(ctx.audited(lambda: acc.prepare(loader)), epochs=2)
+
+
+def _padded(ctx: Ctx, drop_last: bool) -> Plan:
+    seed_all(0)
+    ds = Items(N + 1)  # not a multiple of the world size
+    sampler: DistributedSampler[Any] = DistributedSampler(ds, seed=3, drop_last=drop_last)
+    loader = ctx.audited(lambda: DataLoader(ds, batch_size=2, sampler=sampler))
+    return Plan(loader, epochs=2, before_epoch=sampler.set_epoch)
+
+
+def ds_padding(ctx: Ctx) -> Plan:
+    """DistributedSampler pads the last share with samples from the start: intended."""
+    return _padded(ctx, False)
+
+
+def ds_drop_last(ctx: Ctx) -> Plan:
+    return _padded(ctx, True)
+
+
+def odd_self_sharding_eval(ctx: Ctx) -> Plan:
+    """The last rank alone evaluates (a shuffled loader) after epoch 0."""
+    return _self_sharding(ctx, ctx.world - 1, True, N_ODD)
+
+
+def odd_self_sharding_eval_twin(ctx: Ctx) -> Plan:
+    return _self_sharding(ctx, ctx.world - 1, False, N_ODD)
+
+
+def odd_ddp_shuffled_no_sampler(ctx: Ctx) -> Plan:
+    return _no_sampler(ctx, True, N_ODD)
+
+
+def odd_ddp_self_shard_twin(ctx: Ctx) -> Plan:
+    """The twin: the same DDP loop, sharded by a sampler of its own from a shared generator."""
+    seed_all(0)
+    model = _ddp_model()
+    sampler = RankShardSampler(N_ODD, ctx.rank, ctx.world, torch.Generator().manual_seed(7))
+    loader = ctx.audited(lambda: DataLoader(Items(N_ODD), batch_size=4, sampler=sampler))
+    return Plan(loader, epochs=2, step=_ddp_step(model), keep=model)
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in [
@@ -618,6 +820,23 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             "hf_stream_split_by_shards_seed_per_rank", hf_stream_split_by_shards_seed_per_rank
         ),
+        Scenario("self_sharding_rank0_eval", self_sharding_rank0_eval, True),
+        Scenario(
+            "self_sharding_rank0_eval_own_generator", self_sharding_rank0_eval_own_generator, True
+        ),
+        Scenario("self_sharding_reseeded_after_block", self_sharding_reseeded_after_block, True),
+        Scenario("ddp_shuffled_no_sampler", ddp_shuffled_no_sampler, True),
+        Scenario("tp_group_same_batch", tp_group_same_batch, True),
+        Scenario("ddp_self_shard_per_rank_augment", ddp_self_shard_per_rank_augment, True),
+        Scenario("ddp_presharded_files", ddp_presharded_files, True),
+        Scenario("ddp_with_replacement", ddp_with_replacement, True),
+        Scenario("dispatch_batches_loader", dispatch_batches_loader, True),
+        Scenario("ds_padding", ds_padding, True),
+        Scenario("ds_drop_last", ds_drop_last, True),
+        Scenario("odd_self_sharding_eval", odd_self_sharding_eval, True),
+        Scenario("odd_self_sharding_eval_twin", odd_self_sharding_eval_twin, True),
+        Scenario("odd_ddp_shuffled_no_sampler", odd_ddp_shuffled_no_sampler, True),
+        Scenario("odd_ddp_self_shard_twin", odd_ddp_self_shard_twin, True),
     ]
 }
 
@@ -639,15 +858,20 @@ def run_one(sc: Scenario, ctx: Ctx) -> dict[str, Any]:
     out: dict[str, Any] = {"epochs": [], "raised": False, "raised_at": None}
     ctx.every_epoch = sc.every_epoch
     stage = "set-up"
+    items: list[int] = []
+    observed = sys.modules.get("rngaudit.epochs.observed")  # the epochs a rank waited for
+    waited_before = dict(observed.WAITED) if observed is not None else {}
     try:
         plan = sc.build(ctx)
         for epoch in range(plan.epochs):
             stage = f"epoch {epoch}"
             if plan.before_epoch is not None:
                 plan.before_epoch(epoch)
-            items: list[int] = []
+            items = []
             for batch in plan.loader:
                 items.extend(_items(batch))
+                if plan.step is not None:
+                    plan.step(batch)
             out["epochs"].append(items)
             if plan.after_epoch is not None:
                 plan.after_epoch(epoch)
@@ -658,10 +882,18 @@ def run_one(sc: Scenario, ctx: Ctx) -> dict[str, Any]:
         out.update(
             raised=True,
             raised_at=stage,
+            items_at_raise=len(items),  # of the raising epoch, handed to the loop before it
             error_type=type(exc).__name__,
             message=str(exc),
             kinds=sorted({f.kind for f in report.findings}) if report is not None else [],
         )
+    observed = sys.modules.get("rngaudit.epochs.observed")
+    if observed is not None:
+        out["waited"] = {
+            k: n - waited_before.get(k, 0)
+            for k, n in observed.WAITED.items()
+            if n > waited_before.get(k, 0)
+        }
     return out
 
 

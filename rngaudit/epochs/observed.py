@@ -1,0 +1,202 @@
+"""Loaders no known class shards: each epoch's samples published through the store, compared lazily.
+
+A loader sharded by nothing rngaudit recognises (a sampler of one's own that takes
+``perm[rank::world]``, a shuffled loader with no ``DistributedSampler`` under DDP) may be
+iterated by every rank or by one (a rank-0-only evaluation), so no rank may wait for the others
+at its first batch. Each rank instead announces each epoch of such a loader (``start``) and, when
+it has drawn the epoch's last index batch, publishes what it took (``end``: the bitmap of root
+samples, :class:`~rngaudit.epochs.partition.Tape`); it waits for the others' only when every rank
+announced that epoch or iterated the loader before, and otherwise compares later (at the first
+index batch of its next observed epoch), once every rank has published. A loader one rank
+iterates alone is never compared.
+
+Loaders are matched across ranks by what they are, not by object: the root dataset's
+identity (class, size, attributes), the sampler chain's classes and the batch size, and the
+order in which the rank first iterated loaders of that identity.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import gc
+import hashlib
+import logging
+import sys
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from rngaudit.ranks import exchange
+
+log = logging.getLogger("rngaudit")
+
+PREFIX = "rngaudit/observed"
+END_WAIT = 10.0  # seconds a rank waits at an epoch's end for ranks that all announced it
+MAX_PENDING = 64  # epochs kept for a later comparison, per process
+WAITED: collections.Counter[str] = collections.Counter()  # loader label -> epochs waited for
+
+
+@dataclass
+class Epoch:
+    """One epoch of one observed loader on this rank."""
+
+    key: str  # the loader's cross-rank identity
+    epoch: int
+    label: str
+    chain: str
+    watch: Any  # rngaudit.epochs.order_check.Watch
+
+
+def loader_key(identity: str, chain: str, batch_size: Any, occurrence: int) -> str:
+    text = f"{identity}|{chain}|{batch_size}|{occurrence}"
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+def _base(epoch: Epoch) -> str:
+    return f"{PREFIX}/{epoch.key}/{epoch.epoch}"
+
+
+def start(epoch: Epoch) -> None:
+    """Announce that this rank began ``epoch``, and (kept for the run) that it iterates the
+    loader at all (never waits)."""
+    where = exchange.distributed()
+    if where is None:
+        return
+    with contextlib.suppress(Exception):
+        store = exchange._store()
+        store.set(f"{_base(epoch)}/start/{where[0]}", b"1")
+        if epoch.epoch == 0:
+            store.set(f"{PREFIX}/{epoch.key}/iterated/{where[0]}", b"1")
+
+
+def finish(epoch: Epoch, summary: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """Publish what this rank took in ``epoch``; every rank's summary when all have published
+    (waited for, up to ``END_WAIT``, only when every rank announced this epoch or iterated
+    the loader before), else None."""
+    where = exchange.distributed()
+    if where is None:
+        return None
+    rank, world = where
+    store = exchange._store()
+    base = _base(epoch)
+    store.set(f"{base}/end/{rank}", exchange.encode(summary))
+    starts = [f"{base}/start/{r}" for r in range(world)]
+    iterated = [f"{PREFIX}/{epoch.key}/iterated/{r}" for r in range(world)]
+    ends = [f"{base}/end/{r}" for r in range(world)]
+    if store.check(starts) or store.check(iterated):
+        WAITED[epoch.label] += 1
+        _wait(store, ends, min(END_WAIT, float(epoch.watch.settings.timeout)))
+    return collect(epoch)
+
+
+def _wait(store: Any, keys: list[str], seconds: float) -> None:
+    """Until every key of ``keys`` is set or ``seconds`` passed: woken by the store as each
+    arrives (the exchange's waiter, in slices, so a KeyboardInterrupt surfaces)."""
+    deadline = time.monotonic() + seconds
+    for key in keys:
+        if store.check([key]):
+            continue
+        waiter = exchange._Waiter(store, key, max(0.0, deadline - time.monotonic()))
+        while not waiter.wait(min(exchange.SLICE, max(0.0, deadline - time.monotonic()))):
+            if time.monotonic() >= deadline:
+                return
+        if not waiter.found:
+            return
+
+
+def collect(epoch: Epoch) -> list[dict[str, Any]] | None:
+    """Every rank's summary of ``epoch`` when all have published (never waits), else None;
+    the last rank to read them deletes the epoch's keys."""
+    where = exchange.distributed()
+    if where is None:
+        return None
+    world = where[1]
+    store = exchange._store()
+    base = _base(epoch)
+    ends = [f"{base}/end/{r}" for r in range(world)]
+    if not store.check(ends):
+        return None
+    out = []
+    for r, payload in enumerate(exchange._get_all(store, ends)):
+        out.append(dict(exchange.decode(bytes(payload)), rank=r))
+    if store.add(f"{base}/read", 1) == world:
+        keys = [*ends, *(f"{base}/start/{r}" for r in range(world)), f"{base}/read"]
+        exchange._delete(store, keys)
+    return out
+
+
+_FOUND: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+_GROUPS: dict[int, list[int]] = {}  # id(module) -> its group's ranks
+_SEARCHED = [False]  # the heap was searched (once per process)
+DATA_PARALLEL_CLASSES = (
+    ("torch.nn.parallel.distributed", "DistributedDataParallel"),
+    ("torch.distributed.fsdp.fully_sharded_data_parallel", "FullyShardedDataParallel"),
+    ("torch.distributed.fsdp", "FSDPModule"),
+)
+
+
+def note_module(module: Any) -> None:
+    """A data-parallel module just built (the guard's wrapper on its ``__init__``)."""
+    with contextlib.suppress(Exception):
+        _FOUND[id(module)] = module
+        _GROUPS[id(module)] = _group_ranks(module)
+
+
+def installed(torch_loaded: bool) -> None:
+    """The guard installed its wrappers (data-parallel modules built from now on are noted):
+    the heap is searched once more when needed, for modules built before, unless torch was
+    not even imported (none can exist)."""
+    _SEARCHED[0] = not torch_loaded
+
+
+def _group_ranks(module: Any) -> list[int]:
+    dist = sys.modules["torch.distributed"]
+    try:
+        return sorted(int(r) for r in dist.get_process_group_ranks(module.process_group))
+    except Exception:  # the default group, or one this version cannot name
+        return list(range(int(dist.get_world_size())))
+
+
+def forget(epoch: Epoch) -> None:
+    """Delete this rank's keys of an epoch the other ranks never published."""
+    where = exchange.distributed()
+    if where is None:
+        return
+    base = _base(epoch)
+    with contextlib.suppress(Exception):
+        exchange._delete(exchange._store(), [f"{base}/end/{where[0]}", f"{base}/start/{where[0]}"])
+
+
+def data_parallel_groups(scan: bool) -> list[list[int]] | None:
+    """The ranks of each data-parallel group in this process: the process groups of the
+    ``DistributedDataParallel`` / FSDP modules that exist (the whole world for the default
+    group); None when there is none (no data-parallel signal). Modules are noted as they are
+    built while the guard is installed; those built before are found by one search of the
+    heap per installation of the guard (``scan``: at the first observed epoch's end)."""
+    alive = [_GROUPS[k] for k in list(_FOUND.keys()) if k in _GROUPS]
+    if alive:
+        return [list(g) for g in dict.fromkeys(tuple(g) for g in alive)]
+    if not scan or _SEARCHED[0]:
+        return None
+    _SEARCHED[0] = True
+    classes = []
+    for module, name in DATA_PARALLEL_CLASSES:
+        cls = getattr(sys.modules.get(module), name, None)
+        if isinstance(cls, type):
+            classes.append(cls)
+    if not classes:
+        return None
+    kinds = tuple(classes)
+    groups: list[list[int]] = []
+    try:
+        for obj in gc.get_objects():
+            if isinstance(obj, kinds):
+                note_module(obj)
+                ranks = _group_ranks(obj)
+                if ranks not in groups:
+                    groups.append(ranks)
+    except Exception:
+        log.debug("rngaudit: could not look for data-parallel modules", exc_info=True)
+    return groups or None
