@@ -8,7 +8,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from rngaudit import forksafe, records
+from rngaudit import fingerprint, forksafe, records
 from rngaudit.callsite import CallSite
 
 DRAW, SEED, STATE, CREATE = "draw", "seed", "state", "create"  # event kinds
@@ -49,6 +49,9 @@ class Event:
     # a crc32 chained over every state seen, in order, so unequal generators still differ.
     last_fingerprint: str | None = None
     digest: int | None = None
+    # A torch state read before the first draw and not hashed yet (the recorder defers the
+    # hash off the draw path): hashed into ``fingerprint`` when the event is first read.
+    state: Any = None
 
     def start_aggregate(self) -> None:
         self.digest = 0
@@ -59,6 +62,12 @@ class Event:
         self.digest = zlib.crc32(str(fingerprint).encode(), self.digest or 0)
 
     def to_dict(self) -> records.Event:
+        if self.state is not None:
+            state, self.state = self.state, None
+            try:
+                self.fingerprint = fingerprint.torch_state_hex(state)
+            except Exception:  # a state that cannot be hashed is unknown, as when read
+                self.fingerprint = None
         out: records.Event = {
             "seq": self.seq,
             "audit": self.audit,
@@ -84,6 +93,10 @@ class Event:
 
 
 AggKey = tuple[Any, ...]
+# Events per log whose torch state is kept unhashed until read (5 KiB each for a CPU
+# generator: at most 20 MiB, in a window with 4,096 distinct torch events); later first
+# occurrences hash at once.
+DEFERRED_STATES = 4096
 
 
 class EventLog:
@@ -94,6 +107,7 @@ class EventLog:
         self._events: dict[AggKey, Event] = {}
         self._seq = itertools.count()
         self.pid = os.getpid()
+        self.deferred_left = DEFERRED_STATES  # states the recorder may still keep unhashed
 
     def next_seq(self) -> int:
         return next(self._seq)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from sys import _getframe
 from typing import Any
 
-from rngaudit import fingerprint, forksafe, naming
+from rngaudit import callsite, fingerprint, forksafe, naming
 from rngaudit.callsite import Stack
 from rngaudit.events import DRAW, SEED, STATE
 from rngaudit.instrument import seeded_ops
@@ -216,14 +216,14 @@ def prepare() -> None:
 # -- generators ------------------------------------------------------------------------------
 def _default_cpu(torch: Any) -> GenInfo:
     gen = torch.default_generator
-    return naming.TORCH_DEFAULT, lambda: fingerprint.torch_generator(gen)
+    return naming.TORCH_DEFAULT, fingerprint.TorchFingerprint(gen)
 
 
 def _cuda_default(torch: Any, index: int | None) -> GenInfo:
     if index is None:
         index = torch.cuda.current_device()
     gen = torch.cuda.default_generators[index]
-    return naming.cuda_default(index), lambda: fingerprint.torch_generator(gen)
+    return naming.cuda_default(index), fingerprint.TorchFingerprint(gen)
 
 
 class TorchInstrumentation:
@@ -238,6 +238,9 @@ class TorchInstrumentation:
         self._cpu_info: GenInfo | None = None
         self.torch: Any = None
         self._gens: dict[int, GenInfo] = {}
+        # per thread (its __dict__): callsite.lines_to_user key -> (event, audit index,
+        # iteration flag, log, code objects): the repeat path of _handle
+        self._repeats = threading.local()
 
     def _cpu(self, stack: Stack) -> GenInfo:
         info = self._cpu_info
@@ -275,7 +278,7 @@ class TorchInstrumentation:
                 hint = f"{type(obj).__name__}.generator"
                 break
         name = self.rec.names.name("torch.Generator", cdata, gen, hint)
-        return name, lambda: fingerprint.torch_generator(gen)
+        return name, fingerprint.TorchFingerprint(gen)
 
     def _by_device(self, device: Any) -> Callable[[Stack], GenInfo | None]:
         torch = self.torch
@@ -288,6 +291,8 @@ class TorchInstrumentation:
     def _handle(
         self, spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any], frame: Any
     ) -> Any:
+        """The draw handler of both mechanisms (:meth:`install` uses :meth:`_handler`'s
+        faster copy with the process's recorder)."""
         rec = self.rec
         op = spec.call
         if not rec.enabled or rec.busy():
@@ -297,17 +302,7 @@ class TorchInstrumentation:
             if gen is NOT_A_DRAW:
                 return op(*args, **kwargs)
             tensor = spec.tensor(args, kwargs)
-            resolve: GenInfo | Callable[[Stack], GenInfo | None]
-            if tensor is not None and not tensor.is_cpu and tensor.is_meta:
-                return op(*args, **kwargs)  # initialising a meta model draws nothing
-            if gen is not None:
-                known = self._gens.get(gen._cdata)
-                resolve = known or (lambda stack: self._explicit(gen, stack))
-            elif tensor is None or tensor.is_cpu:
-                resolve = self._cpu
-            else:
-                resolve = self._by_device(tensor.device)
-            event = rec.record(resolve, spec.name, DRAW, frame)
+            event = self._slow(spec, gen, tensor, frame, None)
         except Exception:  # the auditor must never break what it audits
             log.debug("rngaudit: recording failed", exc_info=True)
             event = None
@@ -315,6 +310,104 @@ class TorchInstrumentation:
         if event is not None and event.sampler is not None:
             self._digest(event, out, args)
         return out
+
+    def _slow(
+        self, spec: OpSpec, gen: Any, tensor: Any, frame: Any, key: tuple[Any, ...] | None
+    ) -> Any:
+        """Record a draw with a stack walk; with a repeat ``key``, remember its event for it.
+        None when it is no draw or not a new event."""
+        resolve: GenInfo | Callable[[Stack], GenInfo | None]
+        if tensor is not None and not tensor.is_cpu and tensor.is_meta:
+            return None  # initialising a meta model draws nothing
+        if gen is not None:
+            known = self._gens.get(gen._cdata)
+            resolve = known or (lambda stack: self._explicit(gen, stack))
+        elif tensor is None or tensor.is_cpu:
+            resolve = self._cpu_info or self._cpu
+        else:
+            resolve = self._by_device(tensor.device)
+        if key is None:
+            return self.rec.record(resolve, spec.name, DRAW, frame)
+        found: list[Any] = []
+        event = self.rec.record(resolve, spec.name, DRAW, frame, found=found)
+        if found and found[0].digest is None:
+            self._remember(key, found[0], frame)
+        return event
+
+    def _handler(self) -> Handler:
+        """:meth:`_handle` for the process's :class:`Recorder`, with the repeat path: a draw
+        whose lines up to user code (``callsite.lines_to_user``), generator and op were seen
+        already on this thread, in this window state, is one dict lookup and a count."""
+        rec = self.rec
+        local = rec._local
+        repeats = self._repeats
+        gens = self._gens
+        lines_to_user = callsite.lines_to_user
+        not_a_draw = NOT_A_DRAW
+
+        def handle(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any], frame: Any) -> Any:
+            op = spec.call
+            if not rec.enabled or local.__dict__.get("busy"):  # rec.busy(), inline
+                return op(*args, **kwargs)
+            try:
+                if spec.no_draw:
+                    gen = spec.generator(args, kwargs)
+                    if gen is not_a_draw:
+                        return op(*args, **kwargs)
+                else:  # spec.generator(), inline
+                    pos = spec.gen_pos
+                    gen = (
+                        args[pos]
+                        if pos is not None and pos < len(args)
+                        else kwargs.get("generator")
+                    )
+                pos = spec.tensor_pos
+                if pos is not None and pos < len(args):
+                    tensor = args[pos]
+                else:
+                    tensor = kwargs.get(spec.tensor_kw) if spec.tensor_kw else None
+                on_cpu = tensor is None or tensor.is_cpu
+                key = None
+                if gen is None:
+                    if on_cpu:
+                        key = lines_to_user(frame, spec, None)
+                else:
+                    cdata = gen._cdata
+                    if cdata in gens and (on_cpu or not tensor.is_meta):
+                        key = lines_to_user(frame, spec, cdata)
+                if key is not None:
+                    hit = repeats.__dict__.get(key)  # type: ignore[call-overload]
+                    if (
+                        hit is not None
+                        and hit[1] == rec.audit_index
+                        and hit[2] is rec.iteration_started
+                        and hit[3] is rec.log
+                    ):
+                        hit[0].count += 1
+                        return op(*args, **kwargs)
+                event = self._slow(spec, gen, tensor, frame, key)
+            except Exception:  # the auditor must never break what it audits
+                log.debug("rngaudit: recording failed", exc_info=True)
+                event = None
+            out = op(*args, **kwargs)
+            if event is not None and event.sampler is not None:
+                self._digest(event, out, args)
+            return out
+
+        return handle
+
+    def _remember(self, key: tuple[Any, ...], event: Any, frame: Any) -> None:
+        """Keep ``event`` as the repeat of ``key`` on this thread, with the window state it
+        is valid for and the code objects whose ids ``key`` holds (so they are not reused)."""
+        repeats = self._repeats.__dict__
+        if len(repeats) >= _MAX_REPEATS:
+            repeats.clear()
+        codes = []
+        for _ in range((len(key) - 2) // 2):
+            codes.append(frame.f_code)
+            frame = frame.f_back
+        rec = self.rec
+        repeats[key] = (event, rec.audit_index, rec.iteration_started, rec.log, codes)  # type: ignore[index]
 
     @staticmethod
     def _digest(event: Any, out: Any, args: tuple[Any, ...]) -> None:
@@ -344,11 +437,13 @@ class TorchInstrumentation:
                 wrapper = self._seeding_wrapper(torch, module_name, attr, kind)
                 rec.patches.wrap(module, attr, wrapper)
         keyed = keyed_kernels()
+        # (a recorder of its own, a worker's DrawRecorder, gets the plain handler)
+        handle = self._handler() if type(rec) is Recorder else self._handle
         if keyed is not None:
             self.keyed = keyed
-            keyed.handler = self._handle
+            keyed.handler = handle
         else:
-            self.mode_class = _dispatch_mode(torch, self._handle)
+            self.mode_class = _dispatch_mode(torch, handle)
         rec.torch = self
         rec.patches.add_undo(self.pop_all)
         self.push_here()
@@ -492,6 +587,7 @@ def _qualified(op: Any) -> str:
     return f"{op.overloadpacket.__name__}.{op._overloadname}"
 
 
+_MAX_REPEATS = 4096  # repeat keys kept per thread (then forgotten and rebuilt)
 _PENDING: list[Any] = []  # ctypes callbacks handed to the main thread: kept alive for good
 
 
