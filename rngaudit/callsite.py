@@ -43,6 +43,7 @@ def _library_dirs() -> tuple[str, ...]:
 _STDLIB_DIRS = _stdlib_dirs()
 _LIBRARY_DIRS = _library_dirs()
 _classes: dict[str, int] = {}
+FILE_KINDS = _classes  # file name -> its kind, for files classified so far (read-only)
 
 
 def classify(filename: str) -> int:

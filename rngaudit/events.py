@@ -116,13 +116,16 @@ class EventLog:
         """The event of ``key`` (no lock: a dict lookup is atomic)."""
         return self._events.get(key)
 
-    def add(self, key: AggKey, event: Event) -> None:
+    def add(self, key: AggKey, event: Event) -> Event:
+        """Store ``event`` under ``key``, or count one more on the event already there;
+        returns the event stored."""
         with self._lock:
             existing = self._events.get(key)
             if existing is not None:
                 existing.count += 1
-            else:
-                self._events[key] = event
+                return existing
+            self._events[key] = event
+            return event
 
     def since(self, seq: int) -> list[Event]:
         """Events whose first occurrence has sequence number >= ``seq``, in order."""

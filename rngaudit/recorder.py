@@ -335,9 +335,9 @@ class Recorder:
             event.state = state
         if aggregate:
             event.start_aggregate()
-        log.add(key, event)
+        stored = log.add(key, event)
         if found is not None:
-            found.append(event)
+            found.append(stored)
         return event
 
     def _sampler_info(self, marked: tuple[tuple[str, Any], ...]) -> SamplerInfo | None:

@@ -343,6 +343,7 @@ class TorchInstrumentation:
         repeats = self._repeats
         gens = self._gens
         lines_to_user = callsite.lines_to_user
+        kinds, user, marks = callsite.FILE_KINDS, callsite.USER, callsite.MARKED_CODES.by_id
         not_a_draw = NOT_A_DRAW
 
         def handle(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any], frame: Any) -> Any:
@@ -369,12 +370,17 @@ class TorchInstrumentation:
                 on_cpu = tensor is None or tensor.is_cpu
                 key = None
                 if gen is None:
-                    if on_cpu:
-                        key = lines_to_user(frame, spec, None)
+                    gkey = None if on_cpu else not_a_draw  # (another device: walked)
                 else:
-                    cdata = gen._cdata
-                    if cdata in gens and (on_cpu or not tensor.is_meta):
-                        key = lines_to_user(frame, spec, cdata)
+                    gkey = gen._cdata
+                    if gkey not in gens or not (on_cpu or not tensor.is_meta):
+                        gkey = not_a_draw
+                if gkey is not not_a_draw:
+                    code = frame.f_code  # lines_to_user's first step, inline
+                    if kinds.get(code.co_filename) == user and id(code) not in marks:
+                        key = (spec, gkey, id(code), frame.f_lasti)
+                    else:
+                        key = lines_to_user(frame, spec, gkey)
                 if key is not None:
                     hit = repeats.__dict__.get(key)  # type: ignore[call-overload]
                     if (
@@ -402,10 +408,10 @@ class TorchInstrumentation:
         repeats = self._repeats.__dict__
         if len(repeats) >= _MAX_REPEATS:
             repeats.clear()
-        codes = []
-        for _ in range((len(key) - 2) // 2):
-            codes.append(frame.f_code)
+        codes = [frame.f_code]
+        for _ in range((len(key) - 4) // 2):
             frame = frame.f_back
+            codes.append(frame.f_code)
         rec = self.rec
         repeats[key] = (event, rec.audit_index, rec.iteration_started, rec.log, codes)  # type: ignore[index]
 
