@@ -79,15 +79,19 @@ def main() -> None:
     params = sum(p.numel() for p in build_model().parameters())
     timed(unaudited), timed(audited)  # warm-up
     plain: list[float] = []
+    again: list[float] = []  # a second unaudited run per pair: the A/A noise
     audit_runs: list[dict[str, float]] = []
     for pair in range(args.pairs):
         if pair % 2 == 0:
             plain.append(timed(unaudited)["total"])
             audit_runs.append(timed(audited))
+            again.append(timed(unaudited)["total"])
         else:
+            again.append(timed(unaudited)["total"])
             audit_runs.append(timed(audited))
             plain.append(timed(unaudited)["total"])
     ratios = [a["total"] / p for a, p in zip(audit_runs, plain, strict=True)]
+    aa = [b / p for b, p in zip(again, plain, strict=True)]
     benchlib.emit(
         {
             "params": params,
@@ -97,6 +101,8 @@ def main() -> None:
             "audited_s": benchlib.median([a["total"] for a in audit_runs]),
             "ratio": benchlib.median(ratios),
             "ratio_range": benchlib.spread(ratios),
+            "aa_ratio": benchlib.median(aa),
+            "aa_range": benchlib.spread(aa),
             "enter_ms": benchlib.median([a["enter"] for a in audit_runs]) * 1e3,
             "body_s": benchlib.median([a["body"] for a in audit_runs]),
             "exit_ms": benchlib.median([a["exit"] for a in audit_runs]) * 1e3,
