@@ -240,9 +240,9 @@ def lines_to_user(frame: FrameType | None, op: Any, gen: Any) -> tuple[Any, ...]
     kind = classes.get(code.co_filename)
     if kind is None or kind < LIBRARY or id(code) in marks:
         return None
-    key: tuple[Any, ...] = (op, gen, id(code), frame.f_lasti)
     if kind == USER:  # drawn right from user code: the common case
-        return key
+        return (op, gen, id(code), frame.f_lasti)
+    key = [op, gen, id(code), frame.f_lasti]
     for _ in range(7):
         frame = frame.f_back
         if frame is None:
@@ -253,7 +253,7 @@ def lines_to_user(frame: FrameType | None, op: Any, gen: Any) -> tuple[Any, ...]
             return None
         key += (id(code), frame.f_lasti)
         if kind == USER:
-            return key
+            return tuple(key)
     return None
 
 
