@@ -45,19 +45,21 @@ def _ident(label: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in label).strip("_")
 
 
-def generate(path: Path) -> Any:
+def generate(path: Path, clock: str = "wall") -> Any:
     """A user module (outside site-packages, so rngaudit sees user call sites) with, per op,
     ``loop_<op>(n)``: n calls from one line (the aggregated path), and ``first_<op>(n, keyed)``:
     the same loop, but before each call ``keyed.audit_index`` changes, which gives every draw a
     new aggregation key (the first-occurrence path: stack walk, fingerprint, new event) from
-    warm code. Both return elapsed seconds.
+    warm code. Both return elapsed seconds: wall time, or with ``clock="thread"`` the
+    thread's CPU time (on a loaded shared machine wall time is mostly time spent descheduled).
 
     Why not one draw at each of n distinct lines: straight-line code that runs once costs
     ~5 µs more per op under any Python dispatch mode (a do-nothing mode shows it too), an
     artefact that would be charged to rngaudit.
     """
+    timer = "thread_time as perf_counter" if clock == "thread" else "perf_counter"
     lines = [
-        "from time import perf_counter",
+        f"from time import {timer}",
         "import random",
         "import numpy as np",
         "import torch",
@@ -140,10 +142,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reps", type=int, default=9)
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies batch sizes")
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "thread"),
+        default="wall",
+        help="time the batches by wall clock (default) or by this thread's CPU time",
+    )
     args = parser.parse_args()
     torch.manual_seed(0)
     tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-"))
-    mod = generate(tmp / "rngaudit_bench_ops.py")
+    mod = generate(tmp / "rngaudit_bench_ops.py", args.clock)
     sizes = {label: max(50, int(n * args.scale)) for label, (_, n, _) in OPS.items()}
     samples: dict[str, dict[str, list[float]]] = {
         label: {k: [] for k in ("off", "on", "null", "nullkey", "off_first", "on_first")}
@@ -201,7 +209,12 @@ def main() -> None:
         for step in order:
             step()
 
-    out: dict[str, Any] = {"reps": args.reps, "first_draws": FIRST_DRAWS, "ops": {}}
+    out: dict[str, Any] = {
+        "reps": args.reps,
+        "clock": args.clock,
+        "first_draws": FIRST_DRAWS,
+        "ops": {},
+    }
     for label, s in samples.items():
         reps = range(len(s["off"]))
         entry = {

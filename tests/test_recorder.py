@@ -367,5 +367,10 @@ def test_background_report_files_are_complete_when_a_process_exits(tmp_path: Pat
     parent, forked = tmp_path / "parent", tmp_path / "forked"
     proc = run_python([str(script), str(parent), str(forked)], timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    pids = []
     for directory in (parent, forked):
         assert (directory / "report.json").exists() and (directory / "rank-0.json").exists()
+        record = json.loads((directory / "rank-0.json").read_text())["record"]
+        assert {e["pid"] for e in record["events"]} == {record["pid"]}  # the recorder's pid
+        pids.append(record["pid"])
+    assert pids[0] != pids[1]  # the forked child's events carry its own pid, not the parent's

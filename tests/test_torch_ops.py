@@ -170,3 +170,89 @@ def test_a_key_with_registrations_is_refused() -> None:
     assert instrument_torch.key_is_free(torch, "NoSuchKey") is None
     assert instrument_torch.keyed_kernels() is not None  # torch 2.13: the Fake key was free
     assert instrument_torch.key_is_free(torch) is None  # now it holds rngaudit's own kernels
+
+
+def _repeat_workload(gen: torch.Generator) -> None:
+    """Draws the repeat path must count exactly as the stack walk does: one line in a loop,
+    a helper reached from two lines, library frames (nn.init), an explicit generator, the
+    same line on the meta device, a nested window with its own index, a new segment."""
+
+    def helper() -> None:
+        torch.rand(2)
+
+    for _ in range(5):
+        torch.rand(3)
+        helper()
+    helper()
+    for _ in range(3):
+        torch.nn.init.uniform_(torch.empty(4))
+        torch.randn(2, generator=gen)
+    for device in ("cpu", "meta", "cpu"):
+        torch.nn.init.normal_(torch.empty(3, device=device), generator=gen)
+    inner = RECORDER.begin(7)
+    for _ in range(2):
+        torch.rand(3)
+    RECORDER.end(inner)
+    for _ in range(2):
+        torch.rand(3)
+
+
+def _window_events(monkeypatch: pytest.MonkeyPatch, repeat_path: bool) -> list[Any]:
+    from rngaudit.capture import callsite
+
+    if not repeat_path:  # every draw walks the stack, as before the repeat path
+        monkeypatch.setattr(callsite, "lines_to_user", lambda frame, op, gen: None)
+    torch.manual_seed(5)
+    gen = torch.Generator().manual_seed(6)
+    window = RECORDER.begin(3)
+    try:
+        _repeat_workload(gen)
+        segment = RECORDER.new_segment(window, 4)
+        _repeat_workload(gen)
+        events = RECORDER.events_since(window) + RECORDER.events_since(segment)
+    finally:
+        RECORDER.end(segment)
+    monkeypatch.undo()
+    return [e for e in events if e["op"].startswith("aten.")]  # not a first window's imports
+
+
+def test_the_repeat_path_counts_every_draw_as_the_stack_walk_does(
+    mechanism: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _window_events(monkeypatch, repeat_path=True)  # first-use work (imports) out of the way
+    walked = _window_events(monkeypatch, repeat_path=False)
+    repeated = _window_events(monkeypatch, repeat_path=True)
+    for events in (walked, repeated):
+        for event in events:
+            event.pop("pid")
+    assert repeated == walked  # every field: counts, call sites, chains, fingerprints, audits
+    counts = {(e["audit"], e["call_site"]["line"], e["count"]) for e in repeated}
+    assert any(count == 5 for _, _, count in counts)  # the loop's line, one event
+
+
+def test_a_first_draws_fingerprint_is_the_state_before_it(
+    mechanism: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rngaudit.capture import event_log as rngaudit_events
+    from rngaudit.capture import fingerprint
+
+    gen = torch.Generator().manual_seed(2)
+    for deferred in (rngaudit_events.DEFERRED_STATES, 1):  # read now and hashed later, or now
+        monkeypatch.setattr(rngaudit_events, "DEFERRED_STATES", deferred)
+        torch.manual_seed(1)
+        expected = []
+        window = RECORDER.begin(0)
+        try:
+            for _ in range(2):  # the second round repeats the first's events: not fingerprinted
+                expected.append(fingerprint.torch_generator(torch.default_generator))
+                torch.rand(2)
+                expected.append(fingerprint.torch_generator(gen))
+                torch.randn(3, generator=gen)
+                expected.append(fingerprint.torch_generator(torch.default_generator))
+                torch.nn.init.uniform_(torch.empty(2))
+            events = RECORDER.events_since(window)
+        finally:
+            RECORDER.end(window)
+        got = [e["fingerprint"] for e in events if e["kind"] == "draw"]
+        assert got == expected[:3]
+        assert [e["count"] for e in events if e["kind"] == "draw"] == [2, 2, 2]

@@ -42,6 +42,7 @@ def _library_dirs() -> tuple[str, ...]:
 _STDLIB_DIRS = _stdlib_dirs()
 _LIBRARY_DIRS = _library_dirs()
 _classes: dict[str, int] = {}
+FILE_KINDS = _classes  # file name -> its kind, for files classified so far (read-only)
 
 
 def classify(filename: str) -> int:
@@ -197,6 +198,38 @@ def walk(frame: FrameType | None, max_depth: int = 80) -> Stack:
         Stack,
         (call_site, tuple(chain), None, tuple(marked) if marked else _NO_MARKS, stdlib_caller),
     )
+
+
+def lines_to_user(frame: FrameType | None, op: Any, gen: Any) -> tuple[Any, ...] | None:
+    """``(op, gen)`` + (id(code), instruction offset) of each frame from ``frame`` out to the
+    first user frame, when every one of them is library or user code and none is marked (at
+    most 8): then :func:`walk` of any frame at the same lines returns the same stack, so this
+    is a key for what a draw there is counted as. None for any other stack (``walk`` it).
+
+    The ids stand for their code objects only while the caller holds those."""
+    if frame is None:
+        return None
+    marks = MARKED_CODES.by_id
+    classes = _classes
+    code = frame.f_code
+    kind = classes.get(code.co_filename)
+    if kind is None or kind < LIBRARY or id(code) in marks:
+        return None
+    if kind == USER:  # drawn right from user code: the common case
+        return (op, gen, id(code), frame.f_lasti)
+    key = [op, gen, id(code), frame.f_lasti]
+    for _ in range(7):
+        frame = frame.f_back
+        if frame is None:
+            return None
+        code = frame.f_code
+        kind = classes.get(code.co_filename)
+        if kind is None or kind < LIBRARY or id(code) in marks:
+            return None
+        key += (id(code), frame.f_lasti)
+        if kind == USER:
+            return tuple(key)
+    return None
 
 
 def _marks_above(frame: FrameType | None, budget: int) -> list[tuple[str, Any]]:

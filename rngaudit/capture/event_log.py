@@ -10,6 +10,7 @@ from typing import Any
 
 from rngaudit import forksafe
 from rngaudit import schema as records
+from rngaudit.capture import fingerprint
 from rngaudit.capture.callsite import CallSite
 from rngaudit.schema import CREATE as CREATE
 from rngaudit.schema import DRAW as DRAW
@@ -53,6 +54,9 @@ class Event:
     # a crc32 chained over every state seen, in order, so unequal generators still differ.
     last_fingerprint: str | None = None
     digest: int | None = None
+    # A torch state read before the first draw and not hashed yet (the recorder defers the
+    # hash off the draw path): hashed into ``fingerprint`` when the event is first read.
+    state: Any = None
 
     def start_aggregate(self) -> None:
         self.digest = 0
@@ -63,6 +67,12 @@ class Event:
         self.digest = zlib.crc32(str(fingerprint).encode(), self.digest or 0)
 
     def to_dict(self) -> records.Event:
+        if self.state is not None:
+            state, self.state = self.state, None
+            try:
+                self.fingerprint = fingerprint.torch_state_hex(state)
+            except Exception:  # a state that cannot be hashed is unknown, as when read
+                self.fingerprint = None
         out: records.Event = {
             "seq": self.seq,
             "audit": self.audit,
@@ -88,6 +98,10 @@ class Event:
 
 
 AggKey = tuple[Any, ...]
+# Events per log whose torch state is kept unhashed until read (5 KiB each for a CPU
+# generator: at most 20 MiB, in a window with 4,096 distinct torch events); later first
+# occurrences hash at once.
+DEFERRED_STATES = 4096
 
 
 class EventLog:
@@ -98,6 +112,7 @@ class EventLog:
         self._events: dict[AggKey, Event] = {}
         self._seq = itertools.count()
         self.pid = os.getpid()
+        self.deferred_left = DEFERRED_STATES  # states the recorder may still keep unhashed
 
     def next_seq(self) -> int:
         return next(self._seq)
@@ -106,13 +121,16 @@ class EventLog:
         """The event of ``key`` (no lock: a dict lookup is atomic)."""
         return self._events.get(key)
 
-    def add(self, key: AggKey, event: Event) -> None:
+    def add(self, key: AggKey, event: Event) -> Event:
+        """Store ``event`` under ``key``, or count one more on the event already there;
+        returns the event stored."""
         with self._lock:
             existing = self._events.get(key)
             if existing is not None:
                 existing.count += 1
-            else:
-                self._events[key] = event
+                return existing
+            self._events[key] = event
+            return event
 
     def since(self, seq: int) -> list[Event]:
         """Events whose first occurrence has sequence number >= ``seq``, in order."""

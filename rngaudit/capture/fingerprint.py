@@ -29,8 +29,29 @@ def _hex(value: int) -> str:
 
 def torch_generator(gen: Any) -> str:
     """Fingerprint of a ``torch.Generator`` (CPU or CUDA) from ``get_state()``."""
-    state = gen.get_state()
+    return torch_state_hex(gen.get_state())
+
+
+def torch_state_hex(state: Any) -> str:
+    """The fingerprint of a state ``get_state()`` returned (a CPU byte tensor)."""
     return _hex(zlib.crc32(state.numpy()))
+
+
+class TorchFingerprint:
+    """A torch generator's fingerprint function whose state can be read now and hashed later
+    (:meth:`read`: ``get_state()``, 0.5 µs; hashing it, :func:`torch_state_hex`, ~2 µs more)."""
+
+    __slots__ = ("gen",)
+
+    def __init__(self, gen: Any) -> None:
+        self.gen = gen
+
+    def __call__(self) -> str:
+        return torch_generator(self.gen)
+
+    def read(self) -> Any:
+        """The state (a fresh copy: later draws do not change it)."""
+        return self.gen.get_state()
 
 
 # -- Python's random.Random ------------------------------------------------------------------

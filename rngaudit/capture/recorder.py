@@ -16,6 +16,8 @@ from rngaudit import forksafe
 from rngaudit import schema as records
 from rngaudit.capture import callsite, fingerprint, naming
 from rngaudit.capture.event_log import ITERATION, PRE_ITERATION, Event, EventLog, SamplerInfo
+from rngaudit.capture.fingerprint import TorchFingerprint
+from rngaudit.capture.naming import BEYOND_MARK
 from rngaudit.capture.patching import PatchSet
 from rngaudit.errors import RNGAuditError
 
@@ -254,11 +256,13 @@ class Recorder:
         kind: str,
         frame: Any,
         skip_stdlib_callers: bool = False,
+        found: list[Event] | None = None,
     ) -> Event | None:
         """Count one draw at ``frame``; returns the event when it is the first of its key.
 
         ``generator`` is the (name, fingerprint function) pair, or a function of the stack
         that returns it (None: nothing is recorded). The repeat path takes no lock.
+        ``found``, if given, gets the event counted (new or not) appended.
         """
         stack = callsite.walk(frame)
         if skip_stdlib_callers and stack.stdlib_caller:
@@ -299,25 +303,43 @@ class Recorder:
             existing.count += 1
             if existing.digest is not None:  # generators beyond the named: fold each state in
                 existing.fold(_safe(fp))
+            if found is not None:
+                found.append(existing)
             return None
+        aggregate = BEYOND_MARK in gen_name
+        state = None
+        if fp.__class__ is TorchFingerprint and not aggregate and log.deferred_left > 0:
+            # read now (the state before the draw), hashed when the event is read
+            try:
+                state = fp.read()
+                log.deferred_left -= 1
+            except Exception:
+                state = None
+            fingerprint_text = None
+        else:
+            fingerprint_text = _safe(fp)
         event = Event(
-            seq=log.next_seq(),
-            audit=self.audit_index,
-            generator=gen_name,
-            op=op,
-            kind=kind,
-            call_site=stack.call_site,
-            chain=stack.chain,
-            user_call_site=stack.user_site,
-            fingerprint=_safe(fp),
-            thread=thread.name,
-            pid=os.getpid(),
-            phase=phase,
-            sampler=sampler,
+            log.next_seq(),
+            self.audit_index,
+            gen_name,
+            op,
+            kind,
+            stack.call_site,
+            stack.chain,
+            stack.user_site,
+            fingerprint_text,
+            thread.name,
+            _PID[0],
+            phase,
+            sampler,
         )
-        if naming.is_aggregate(gen_name):
+        if state is not None:
+            event.state = state
+        if aggregate:
             event.start_aggregate()
-        log.add(key, event)
+        stored = log.add(key, event)
+        if found is not None:
+            found.append(stored)
         return event
 
     def _sampler_info(self, marked: tuple[tuple[str, Any], ...]) -> SamplerInfo | None:
@@ -367,6 +389,14 @@ class Recorder:
 
 
 RECORDER = Recorder()
+_PID = [os.getpid()]  # this process's id (os.getpid() is a system call: 0.3 µs a draw)
+
+
+def _new_pid() -> None:
+    _PID[0] = os.getpid()
+
+
+os.register_at_fork(after_in_child=_new_pid)
 
 
 def _safe(fp: Callable[[], str | None]) -> str | None:

@@ -51,6 +51,7 @@ class DrawRecorder(Recorder):
         kind: str,
         frame: Any,
         skip_stdlib_callers: bool = False,
+        found: list[Any] | None = None,  # (the torch handler passes it to RECORDER only)
     ) -> None:
         self.calls += 1
         if self.calls > MAX_DRAWS or time.monotonic() > self.deadline:

@@ -10,7 +10,7 @@ from sys import _getframe
 from typing import Any
 
 from rngaudit import forksafe
-from rngaudit.capture import fingerprint, naming
+from rngaudit.capture import callsite, fingerprint, naming
 from rngaudit.capture.callsite import Stack
 from rngaudit.capture.event_log import DRAW, SEED, STATE
 from rngaudit.capture.instrument import seeded_ops
@@ -49,7 +49,9 @@ Handler = Callable[["OpSpec", tuple[Any, ...], dict[str, Any], Any], Any]
 class OpSpec:
     """One seeded op: its report name and where its schema keeps generator, tensor and flags."""
 
-    __slots__ = ("call", "gen_pos", "name", "no_draw", "op", "tensor_kw", "tensor_pos")
+    __slots__ = (
+        "call", "gen_pos", "name", "no_draw", "op", "plain", "tensor_kw", "tensor_pos",
+    )  # fmt: skip
 
     def __init__(self, op: Any) -> None:
         self.op = op
@@ -71,6 +73,16 @@ class OpSpec:
             if arg.name in seeded_ops.NO_DRAW_WHEN:
                 default = arg.default_value if arg.has_default_value() else None
                 self.no_draw.append((pos, arg.name, default, seeded_ops.NO_DRAW_WHEN[arg.name]))
+        # the common shape (uniform_, normal_, bernoulli_, ...): always a draw, the tensor
+        # first and required, the generator a keyword (the handler's shortest path)
+        first = op._schema.arguments[0] if op._schema.arguments else None
+        self.plain = (
+            not self.no_draw
+            and self.gen_pos is None
+            and self.tensor_pos == 0
+            and first is not None
+            and not first.has_default_value()
+        )
 
     def generator(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The generator argument (None: the device's default), or NOT_A_DRAW."""
@@ -217,14 +229,14 @@ def prepare() -> None:
 # -- generators ------------------------------------------------------------------------------
 def _default_cpu(torch: Any) -> GenInfo:
     gen = torch.default_generator
-    return naming.TORCH_DEFAULT, lambda: fingerprint.torch_generator(gen)
+    return naming.TORCH_DEFAULT, fingerprint.TorchFingerprint(gen)
 
 
 def _cuda_default(torch: Any, index: int | None) -> GenInfo:
     if index is None:
         index = torch.cuda.current_device()
     gen = torch.cuda.default_generators[index]
-    return naming.cuda_default(index), lambda: fingerprint.torch_generator(gen)
+    return naming.cuda_default(index), fingerprint.TorchFingerprint(gen)
 
 
 class TorchInstrumentation:
@@ -239,6 +251,9 @@ class TorchInstrumentation:
         self._cpu_info: GenInfo | None = None
         self.torch: Any = None
         self._gens: dict[int, GenInfo] = {}
+        # per thread (its __dict__): callsite.lines_to_user key -> (event, audit index,
+        # iteration flag, log, code objects): the repeat path of _handle
+        self._repeats = threading.local()
 
     def _cpu(self, stack: Stack) -> GenInfo:
         info = self._cpu_info
@@ -276,7 +291,7 @@ class TorchInstrumentation:
                 hint = f"{type(obj).__name__}.generator"
                 break
         name = self.rec.names.name("torch.Generator", cdata, gen, hint)
-        return name, lambda: fingerprint.torch_generator(gen)
+        return name, fingerprint.TorchFingerprint(gen)
 
     def _by_device(self, device: Any) -> Callable[[Stack], GenInfo | None]:
         torch = self.torch
@@ -289,6 +304,8 @@ class TorchInstrumentation:
     def _handle(
         self, spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any], frame: Any
     ) -> Any:
+        """The draw handler of both mechanisms (:meth:`install` uses :meth:`_handler`'s
+        faster copy with the process's recorder)."""
         rec = self.rec
         op = spec.call
         if not rec.enabled or rec.busy():
@@ -298,17 +315,7 @@ class TorchInstrumentation:
             if gen is NOT_A_DRAW:
                 return op(*args, **kwargs)
             tensor = spec.tensor(args, kwargs)
-            resolve: GenInfo | Callable[[Stack], GenInfo | None]
-            if tensor is not None and not tensor.is_cpu and tensor.is_meta:
-                return op(*args, **kwargs)  # initialising a meta model draws nothing
-            if gen is not None:
-                known = self._gens.get(gen._cdata)
-                resolve = known or (lambda stack: self._explicit(gen, stack))
-            elif tensor is None or tensor.is_cpu:
-                resolve = self._cpu
-            else:
-                resolve = self._by_device(tensor.device)
-            event = rec.record(resolve, spec.name, DRAW, frame)
+            event = self._slow(spec, gen, tensor, frame, None)
         except Exception:  # the auditor must never break what it audits
             log.debug("rngaudit: recording failed", exc_info=True)
             event = None
@@ -316,6 +323,106 @@ class TorchInstrumentation:
         if event is not None and event.sampler is not None:
             self._digest(event, out, args)
         return out
+
+    def _slow(
+        self, spec: OpSpec, gen: Any, tensor: Any, frame: Any, key: tuple[Any, ...] | None
+    ) -> Any:
+        """Record a draw with a stack walk; with a repeat ``key``, remember its event for it.
+        None when it is no draw or not a new event."""
+        resolve: GenInfo | Callable[[Stack], GenInfo | None]
+        if tensor is not None and not tensor.is_cpu and tensor.is_meta:
+            return None  # initialising a meta model draws nothing
+        if gen is not None:
+            known = self._gens.get(gen._cdata)
+            resolve = known or (lambda stack: self._explicit(gen, stack))
+        elif tensor is None or tensor.is_cpu:
+            resolve = self._cpu_info or self._cpu
+        else:
+            resolve = self._by_device(tensor.device)
+        if key is None:
+            return self.rec.record(resolve, spec.name, DRAW, frame)
+        found: list[Any] = []
+        event = self.rec.record(resolve, spec.name, DRAW, frame, found=found)
+        if found and found[0].digest is None:
+            self._remember(key, found[0], frame)
+        return event
+
+    def _handler(self) -> Handler:
+        """:meth:`_handle` for the process's :class:`Recorder`, with the repeat path: a draw
+        whose lines up to user code (``callsite.lines_to_user``), generator and op were seen
+        already on this thread, in this window state, is one dict lookup and a count."""
+        rec = self.rec
+        local = rec._local
+        repeats = self._repeats
+        gens = self._gens
+        lines_to_user = callsite.lines_to_user
+        kinds, user, marks = callsite.FILE_KINDS, callsite.USER, callsite.MARKED_CODES.by_id
+        not_a_draw = NOT_A_DRAW
+
+        def handle(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any], frame: Any) -> Any:
+            op = spec.call
+            try:  # rec.busy(), inline (a missing thread-local attribute costs 0.3 µs: set it)
+                busy = local.busy
+            except AttributeError:
+                busy = local.busy = False
+            if busy or not rec.enabled:
+                return op(*args, **kwargs)
+            try:
+                if spec.plain:  # spec.generator() and spec.tensor(), inline
+                    gen = kwargs.get("generator")
+                    tensor = args[0]
+                else:
+                    gen = spec.generator(args, kwargs)
+                    if gen is not_a_draw:
+                        return op(*args, **kwargs)
+                    tensor = spec.tensor(args, kwargs)
+                on_cpu = tensor is None or tensor.is_cpu
+                key = None
+                if gen is None:
+                    gkey = None if on_cpu else not_a_draw  # (another device: walked)
+                else:
+                    gkey = gen._cdata
+                    if gkey not in gens or not (on_cpu or not tensor.is_meta):
+                        gkey = not_a_draw
+                if gkey is not not_a_draw:
+                    code = frame.f_code  # lines_to_user's first step, inline
+                    if kinds.get(code.co_filename) == user and id(code) not in marks:
+                        key = (spec, gkey, id(code), frame.f_lasti)
+                    else:
+                        key = lines_to_user(frame, spec, gkey)
+                if key is not None:
+                    hit = repeats.__dict__.get(key)  # type: ignore[call-overload]
+                    if (
+                        hit is not None
+                        and hit[1] == rec.audit_index
+                        and hit[2] is rec.iteration_started
+                        and hit[3] is rec.log
+                    ):
+                        hit[0].count += 1
+                        return op(*args, **kwargs)
+                event = self._slow(spec, gen, tensor, frame, key)
+            except Exception:  # the auditor must never break what it audits
+                log.debug("rngaudit: recording failed", exc_info=True)
+                event = None
+            out = op(*args, **kwargs)
+            if event is not None and event.sampler is not None:
+                self._digest(event, out, args)
+            return out
+
+        return handle
+
+    def _remember(self, key: tuple[Any, ...], event: Any, frame: Any) -> None:
+        """Keep ``event`` as the repeat of ``key`` on this thread, with the window state it
+        is valid for and the code objects whose ids ``key`` holds (so they are not reused)."""
+        repeats = self._repeats.__dict__
+        if len(repeats) >= _MAX_REPEATS:
+            repeats.clear()
+        codes = [frame.f_code]
+        for _ in range((len(key) - 4) // 2):
+            frame = frame.f_back
+            codes.append(frame.f_code)
+        rec = self.rec
+        repeats[key] = (event, rec.audit_index, rec.iteration_started, rec.log, codes)  # type: ignore[index]
 
     @staticmethod
     def _digest(event: Any, out: Any, args: tuple[Any, ...]) -> None:
@@ -331,25 +438,30 @@ class TorchInstrumentation:
     # -- install -------------------------------------------------------------------------------
     def install(self) -> None:
         import importlib
+        import sys
 
         import torch
 
         rec = self.rec
         self.torch = torch
         for module_name, attr, kind in SEEDING:
-            try:
-                module = importlib.import_module(module_name)
-            except ImportError:
-                continue
+            module = sys.modules.get(module_name)  # loaded with torch (import_module: 5 µs)
+            if module is None:
+                try:
+                    module = importlib.import_module(module_name)
+                except ImportError:
+                    continue
             if hasattr(module, attr):
                 wrapper = self._seeding_wrapper(torch, module_name, attr, kind)
                 rec.patches.wrap(module, attr, wrapper)
         keyed = keyed_kernels()
+        # (a recorder of its own, a worker's DrawRecorder, gets the plain handler)
+        handle = self._handler() if type(rec) is Recorder else self._handle
         if keyed is not None:
             self.keyed = keyed
-            keyed.handler = self._handle
+            keyed.handler = handle
         else:
-            self.mode_class = _dispatch_mode(torch, self._handle)
+            self.mode_class = _dispatch_mode(torch, handle)
         rec.torch = self
         rec.patches.add_undo(self.pop_all)
         self.push_here()
@@ -493,6 +605,7 @@ def _qualified(op: Any) -> str:
     return f"{op.overloadpacket.__name__}.{op._overloadname}"
 
 
+_MAX_REPEATS = 4096  # repeat keys kept per thread (then forgotten and rebuilt)
 _PENDING: list[Any] = []  # ctypes callbacks handed to the main thread: kept alive for good
 
 
