@@ -36,6 +36,7 @@ MUST_RAISE = {  # scenario -> first corrupted epoch
     "resume_from_stale_checkpoint": 1,
     "hf_shuffle_per_rank": 0,
     "ds_subclass_global_shuffle": 0,
+    "ds_subclass_lazy_global_shuffle": 0,
     "wrapper_random_split_per_rank": 0,
     "subset_reshuffled_in_place_on_rank0": 1,
     "stream_shard_device_seeds": 0,
@@ -47,7 +48,11 @@ MUST_RAISE = {  # scenario -> first corrupted epoch
 # Found by the observed partition when every rank has drawn the epoch's last index batch:
 # loaders no known class shards (a sampler that shards itself, no sampler at all under DDP)
 # are never waited for at their first batch (a rank-0-only evaluation loader looks the same).
-AT_EPOCH_END = {"self_sharding_rank0_eval", "ddp_shuffled_no_sampler"}
+AT_EPOCH_END = {
+    "self_sharding_rank0_eval",
+    "ddp_shuffled_no_sampler",
+    "ds_subclass_lazy_global_shuffle",  # a warning at the first batch: its epoch is not readable
+}
 MUST_STAY_CLEAN = [
     "ds_shared_seed_per_rank_global",
     "random_split_shared_generator",
@@ -58,6 +63,7 @@ MUST_STAY_CLEAN = [
     "rank0_only_eval_loader",
     "hf_map_per_rank_augment",
     "ds_subclass_seeded_shuffle",
+    "ds_subclass_own_share_per_rank_order",
     "stream_shard_shared_seed",
     "hf_stream_shuffle_shared_seed",
     "hf_stream_split_by_shards_seed_per_rank",
@@ -301,6 +307,33 @@ def test_a_subclass_shuffling_from_the_global_generator_raises_at_the_first_batc
         assert res["raised_at"] == "epoch 0" and res["items_at_raise"] == 0, res
         assert "drew the order it shards from generator state that differs" in res["message"]
         assert "aten.randperm" in res["message"] and "torch.default_generator" in res["message"]
+
+
+@pytest.mark.parametrize("how", HOWS)
+def test_a_subclass_error_at_the_first_batch_counts_the_measured_overlap(
+    runs: dict[str, Any], how: str
+) -> None:
+    """The draws alone are no verdict: the shares each rank's sampler returned are read before
+    the first batch and their overlap is the one measured without rngaudit; a subclass that
+    orders a fixed share of its own from the same per-rank state is intact and stays clean
+    (test_verdict_matches_the_measured_partition); a lazy one gets a warning first."""
+    plain = [set(runs["none"][r]["ds_subclass_global_shuffle"]["epochs"][0]) for r in range(2)]
+    shared, never = len(plain[0] & plain[1]), N - len(plain[0] | plain[1])
+    message = runs[how][0]["ds_subclass_global_shuffle"]["message"]
+    assert (
+        f"Measured before the first batch, from the epoch each rank's sampler returned: "
+        f"{shared} of {N} samples are in more than one rank's share and {never} in none"
+    ) in message
+    merged = json.loads((runs[how + "_dir"] / "report" / "report.json").read_text())
+    lazy = [
+        f
+        for f in merged["findings"]
+        if f["kind"] == "sampler-draw-divergence" and "LazyGlobalShuffle" in f["message"]
+    ]
+    assert lazy and all(f["severity"] == "warning" for f in lazy), lazy
+    assert all("measures what each rank was handed" in f["message"] for f in lazy)
+    own = [f for f in merged["findings"] if "OwnShareOrder" in f["message"]]
+    assert not own, own
 
 
 @pytest.mark.parametrize("how", HOWS)

@@ -335,6 +335,8 @@ class EpochGuard:
         if state.get("_rngaudit_epoch") != key:  # the epoch's first index batch
             state["_rngaudit_epoch"] = key
             state.pop("_rngaudit_draws", None)
+            state.pop("_rngaudit_planned", None)
+            source = state.get("_sampler_iter")  # before a tee replaces it
             with RECORDER.paused():
                 if self.later:
                     self._compare_later()
@@ -343,7 +345,10 @@ class EpochGuard:
                     self._tee(instance, tape)
                 nodes = self._draws_to_record(instance)
             if nodes:
-                return self._recorded(state, nodes, wrapped, *args, **kw)
+                batch = self._recorded(state, nodes, wrapped, *args, **kw)
+                with RECORDER.paused():
+                    state["_rngaudit_planned"] = _planned(source, tape)
+                return batch
         return self._observe(state.get("_rngaudit_tape"), wrapped, *args, **kw)
 
     def _tee(self, iterator: Any, tape: partition.Tape) -> None:
@@ -611,6 +616,29 @@ class EpochGuard:
                 self._maybe_uninstall()
         _act(found, watch, label)
 
+    def _measure_planned(
+        self,
+        found: list[Finding],
+        record: records.EpochRecord,
+        watch: Watch,
+        state: _LoaderState,
+        planned: dict[str, Any] | None,
+    ) -> list[Finding]:
+        """The sampler drew its order from state that differs across ranks while its seed and
+        epoch agree: the harm is decided by what the ranks are about to be handed. Each rank's
+        whole epoch, read from the list its sampler's ``__iter__`` returned (no draw), is
+        exchanged (every rank takes this branch: the rules saw the same records); see
+        :func:`~rngaudit.epochs.order_rules.planned_overlap` for the verdict."""
+        mine = {
+            "loader": record["loader"],
+            "epoch": record["epoch"],
+            "planned": planned or {"known": False},
+        }
+        result = self._swap(mine, f"planned/{state.index}/{state.checks}", watch, "order")
+        rows = result[0] if result is not None else []
+        summaries = {int(r["rank"]): r["planned"] for r in rows if "planned" in r}
+        return epoch_rules.planned_overlap(summaries, found, len(rows) == len(summaries) > 1)
+
     def _swap(
         self, record: dict[str, Any], key: str, watch: Watch, what: str
     ) -> tuple[list[dict[str, Any]], list[int]] | None:
@@ -651,7 +679,8 @@ class EpochGuard:
         except Exception:  # the auditor must never break the loader
             log.warning("rngaudit: could not prepare the order check", exc_info=True)
             return
-        found = self._exchange(record, watch, state)
+        planned = (peek.attr(iterator, "__dict__") or {}).get("_rngaudit_planned")
+        found = self._exchange(record, watch, state, planned)
         with self._lock:
             state.checks += 1
             state.previous = record
@@ -691,7 +720,11 @@ class EpochGuard:
         return record
 
     def _exchange(
-        self, record: records.EpochRecord, watch: Watch, state: _LoaderState
+        self,
+        record: records.EpochRecord,
+        watch: Watch,
+        state: _LoaderState,
+        planned: dict[str, Any] | None = None,
     ) -> list[Finding]:
         record["dataset_draws"] = _split_draws(watch.session)
         exchanged = self._swap(
@@ -706,6 +739,8 @@ class EpochGuard:
         except Exception:
             log.warning("rngaudit: the order check could not compare", exc_info=True)
             return []
+        if epoch_rules.only_draws_differ(found):
+            found = self._measure_planned(found, record, watch, state, planned)
         repeat = epoch_rules.repeated(record, state.previous)
         if repeat is not None:
             found.append(repeat)
@@ -715,6 +750,35 @@ class EpochGuard:
         except Exception:
             log.warning("rngaudit: could not write the order check's report", exc_info=True)
         return found
+
+
+def _planned(source: Any, tape: partition.Tape | None) -> dict[str, Any] | None:
+    """This rank's whole epoch as its sampler's ``__iter__`` returned it, read without a draw
+    or a ``next``: the list a list iterator walks (``__reduce__`` hands it over), found as the
+    index iterator itself or as ``BatchSampler.__iter__``'s ``sampler_iter``, mapped to root
+    samples by ``tape``'s maps; None when the sampler yields lazily (a generator of its own)
+    or the epoch cannot be mapped."""
+    try:
+        if tape is None or not tape.known:
+            return None
+        lister: type = type(iter([]))
+        it = source
+        if type(source) is not lister:
+            frame = source.gi_frame if isinstance(source, types.GeneratorType) else None
+            it = frame.f_locals.get("sampler_iter") if frame is not None else None
+        if type(it) is not lister:
+            return None
+        args = it.__reduce__()[1]
+        items = args[0] if args else None
+        if not isinstance(items, list):
+            return None  # exhausted
+        epoch = partition.Tape(tape.maps, tape.root_size)
+        epoch.take([items])
+        summary = epoch.summary()
+        return summary if summary.get("known") else None
+    except Exception:
+        log.debug("rngaudit: could not read the epoch the sampler returned", exc_info=True)
+        return None
 
 
 _PLAIN_MARK = "_rngaudit_plain"

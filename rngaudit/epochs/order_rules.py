@@ -153,8 +153,13 @@ def compare(
         for key in ("seed", "epoch", "shuffle", "drop_last", "total_size", "resume_at")
         if len({str((s or {}).get(key)) for s in states.values()}) > 1
     ]
-    if differs or _common_prefix_differs(orders) or _sampler_draws_differ(records):
-        out.append(_order_finding(records, where, states, orders, differs, loader, epoch))
+    prefix = _common_prefix_differs(orders)
+    if differs or prefix or _sampler_draws_differ(records):
+        finding = _order_finding(records, where, states, orders, differs, loader, epoch)
+        if not (differs or prefix):  # only the draws: what the ranks are handed decides
+            finding.severity = "warning"
+            finding.details["measure"] = "planned"
+        out.append(finding)
     positions = {int(r["rank"]): r.get("position") for r in records}
     if len(set(positions.values())) > 1:
         out.append(_position_finding(where, positions, loader, epoch))
@@ -172,6 +177,57 @@ def _sampler_draws_differ(records: list[EpochRecord]) -> bool:
         len({str(d.get("fingerprint")) for d in firsts}) > 1
         or len({str(d.get("output_digest")) for d in firsts}) > 1
     )
+
+
+def only_draws_differ(found: list[Finding]) -> bool:
+    """An order finding that rests on the sampler's draws alone (its seed and epoch agree):
+    the shares the ranks are about to be handed must be measured before it is a verdict."""
+    return any(f.details.get("measure") == "planned" for f in found)
+
+
+_DRAWS_ONLY = (
+    "Each rank takes its share of a different permutation: this epoch duplicates some samples "
+    "and drops others. Nothing else will report this."
+)
+
+
+def planned_overlap(
+    summaries: dict[int, dict[str, Any]], found: list[Finding], complete: bool
+) -> list[Finding]:
+    """The order finding that rests on draws alone, decided by the shares the ranks are about
+    to be handed (each rank's whole epoch, read before its first batch): an overlap beyond
+    padding is an error with the measured counts; shares that partition the data (a per-rank
+    order of a fixed share) are no finding; shares that could not be read (a sampler that
+    yields lazily) leave a warning, and the epoch's end measures what the ranks were handed."""
+    seen = partition.overlap(summaries) if complete else None
+    out: list[Finding] = []
+    for f in found:
+        if f.details.get("measure") != "planned":
+            out.append(f)
+            continue
+        del f.details["measure"]
+        world = len(summaries)
+        if seen is None:
+            f.message = f.message.replace(
+                _DRAWS_ONLY,
+                "If their shares overlap, this epoch duplicates some samples and drops others: "
+                "the shares could not be read before the epoch (the sampler yields lazily), so "
+                "the partition check measures what each rank was handed at the epoch's end.",
+            )
+            out.append(f)
+            continue
+        if seen["shared"] <= world - 1 or max(seen["repeats"].values()) > world - 1:
+            continue  # measured intact: the ranks order shares that still partition the data
+        never = seen["root_size"] - seen["union"]
+        f.severity = "error"
+        f.message += (
+            f"\nMeasured before the first batch, from the epoch each rank's sampler returned: "
+            f"{seen['shared']} of {seen['root_size']} samples are in more than one rank's share "
+            f"and {never} in none."
+        )
+        f.details.update(shared=seen["shared"], never=never, root_size=seen["root_size"])
+        out.append(f)
+    return out
 
 
 def _position_finding(where: str, positions: dict[int, Any], loader: str, epoch: int) -> Finding:
@@ -308,10 +364,7 @@ def _order_finding(
             remedy = SEEDABLE_REMEDY
     draw_lines, draw = _draw_lines(records)
     lines.extend(draw_lines)
-    lines.append(
-        "Each rank takes its share of a different permutation: this epoch duplicates some samples "
-        "and drops others. Nothing else will report this."
-    )
+    lines.append(_DRAWS_ONLY)
     details = {
         "loader": loader,
         "epoch": epoch,

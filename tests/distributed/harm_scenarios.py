@@ -378,6 +378,42 @@ def ds_subclass_global_shuffle(ctx: Ctx) -> Plan:
     return Plan(loader)
 
 
+class LazyGlobalShuffleDistributedSampler(DistributedSampler[int]):
+    """The same harm, yielded lazily (a generator ``__iter__``): its epoch cannot be read
+    before it is drawn."""
+
+    def __iter__(self) -> Iterator[int]:
+        perm = torch.randperm(len(self.dataset)).tolist()  # type: ignore[arg-type]
+        yield from perm[self.rank : self.total_size : self.num_replicas]
+
+
+def ds_subclass_lazy_global_shuffle(ctx: Ctx) -> Plan:
+    seed_all(100 + ctx.rank)
+    ds = Items(N)
+    loader = ctx.audited(
+        lambda: DataLoader(ds, batch_size=2, sampler=LazyGlobalShuffleDistributedSampler(ds))
+    )
+    return Plan(loader)
+
+
+class OwnShareOrderDistributedSampler(DistributedSampler[int]):
+    """Correct: a fixed share per rank (``rank::world``), put in an order of the rank's own,
+    drawn from the per-rank global generator: the draws differ, the partition is intact."""
+
+    def __iter__(self) -> Iterator[int]:
+        share = list(range(self.rank, self.total_size, self.num_replicas))
+        order = torch.randperm(len(share)).tolist()
+        return iter([share[i] % len(self.dataset) for i in order])  # type: ignore[arg-type]
+
+
+def ds_subclass_own_share_per_rank_order(ctx: Ctx) -> Plan:
+    seed_all(100 + ctx.rank)
+    ds = Items(N)
+    sampler = OwnShareOrderDistributedSampler(ds, seed=3)
+    loader = ctx.audited(lambda: DataLoader(ds, batch_size=2, sampler=sampler))
+    return Plan(loader, epochs=2, before_epoch=sampler.set_epoch)
+
+
 def ds_subclass_seeded_shuffle(ctx: Ctx) -> Plan:
     """The clean twin: the subclass shuffles from a generator seeded with seed + epoch."""
 
@@ -802,6 +838,10 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("hf_shuffle_per_rank", hf_shuffle_per_rank),
         Scenario("ds_subclass_global_shuffle", ds_subclass_global_shuffle),
         Scenario("ds_subclass_seeded_shuffle", ds_subclass_seeded_shuffle, True),
+        Scenario("ds_subclass_lazy_global_shuffle", ds_subclass_lazy_global_shuffle),
+        Scenario(
+            "ds_subclass_own_share_per_rank_order", ds_subclass_own_share_per_rank_order, True
+        ),
         Scenario("wrapper_random_split_per_rank", wrapper_random_split_per_rank),
         Scenario("subset_reshuffled_in_place_on_rank0", subset_reshuffled_in_place_on_rank0, True),
         Scenario("spawn_style_shards_per_rank_seed", spawn_style_shards_per_rank_seed),
