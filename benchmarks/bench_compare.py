@@ -10,8 +10,7 @@ from typing import Any
 
 import benchlib
 
-from rngaudit.ranks import exchange
-from rngaudit.ranks import rules as compare
+from rngaudit.ranks import exchange, rules
 
 GENERATORS = (
     ("torch.default_generator", "aten.uniform_"),
@@ -66,7 +65,7 @@ def with_signatures(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in recs:
         key = id(r["events"])
         if key not in cache:
-            cache[key] = compare.signature(r)
+            cache[key] = rules.signature(r)
         r["signature"] = cache[key]
     return recs
 
@@ -107,7 +106,7 @@ def main() -> None:
         recs = with_signatures(records(world, pool))
         gc.collect()
         start = time.perf_counter()
-        findings = compare.compare(recs, world, [], 0)
+        findings = rules.compare(recs, world, [], 0)
         elapsed = time.perf_counter() - start
         out["scale"].append(
             {
@@ -126,7 +125,7 @@ def main() -> None:
     recs[world - 1] = dict(recs[world - 1], events=odd)
     recs = with_signatures(recs)
     start = time.perf_counter()
-    findings = compare.compare(recs, world, [], 0)
+    findings = rules.compare(recs, world, [], 0)
     out["divergent_1024"] = {
         "seconds": time.perf_counter() - start,
         "findings": sorted(f.kind for f in findings),
@@ -141,7 +140,7 @@ def main() -> None:
     out["decode"] = {"payload_bytes": len(payload), "seconds": min(times)}
     one = records(1, pool)[0]
     start = time.perf_counter()
-    compare.signature(one)
+    rules.signature(one)
     out["signature"] = {"events": args.events, "seconds": time.perf_counter() - start}
     benchlib.emit(out)
 

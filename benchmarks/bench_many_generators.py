@@ -15,7 +15,7 @@ import gc, json, os, sys, time, tracemalloc
 import numpy as np, torch
 n, audited, report_dir = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3]
 import rngaudit
-from rngaudit.reports import files as report_write
+from rngaudit.reports import files
 
 def body():
     for i in range(n):
@@ -33,7 +33,7 @@ events = None
 if audited:
     with rngaudit.audit(report_dir=report_dir, mode="report") as audit:
         body()
-    report_write.flush()
+    files.flush()
     events = sum(len(r["events"]) for r in audit.report.ranks)
     del audit
 else:

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 import rngaudit
-from rngaudit.reports import files as report_files
+from rngaudit.reports import files
 
 TMP_PREFIX = "rngaudit-bench-report-"  # removed at exit, with the generated files and reports
 
@@ -45,8 +45,8 @@ def distinct_sites_module(path: Path, lines: int) -> Any:
 
 def sizes(report_dir: Path) -> dict[str, int]:
     return {
-        "rank_bytes": report_files.rank_path(report_dir, 0).stat().st_size,
-        "merged_bytes": report_files.merged_path(report_dir).stat().st_size,
+        "rank_bytes": files.rank_path(report_dir, 0).stat().st_size,
+        "merged_bytes": files.merged_path(report_dir).stat().st_size,
     }
 
 
@@ -116,7 +116,7 @@ def main() -> None:
     out["sites"] = {"lines": args.lines, "events": events, "draws": draws, "exit_s": exit_s}
     out["sites"].update(sizes(tmp / "sites"))
     out["sites"]["bytes_per_event"] = out["sites"]["rank_bytes"] / max(1, events)
-    doc = json.loads(report_files.rank_path(tmp / "sites", 0).read_text())
+    doc = json.loads(files.rank_path(tmp / "sites", 0).read_text())
     out["sites"].update(encode_costs(doc))
 
     # 3. The same audit repeated into one report dir (one session): each conclude rewrites

@@ -16,9 +16,8 @@ from typing import Any
 import benchlib
 from bench_compare import rank_events
 
-from rngaudit.ranks import exchange
-from rngaudit.ranks import rules as compare
-from rngaudit.reports import files as report_files
+from rngaudit.ranks import exchange, rules
+from rngaudit.reports import files
 
 TIMEOUT = 300.0
 
@@ -58,7 +57,7 @@ def records(world: int, groups: int, events: int) -> tuple[dict[int, Any], dict[
             "initial_seeds": {},
             "from_start": False,
         }
-        rec["signature"] = compare.signature(rec)
+        rec["signature"] = rules.signature(rec)
         out[g] = rec
         encoded[g] = exchange.encode(rec)
     return out, encoded
@@ -94,7 +93,7 @@ def client(args: argparse.Namespace) -> None:
                 info={"label": "bench", "mode": "raise"}, report_all=True, payload=payloads[0],
             )  # fmt: skip
             t_exchange = time.perf_counter()
-            found = compare.compare(result.records, args.world, result.missing, 0)
+            found = rules.compare(result.records, args.world, result.missing, 0)
             t_compare = time.perf_counter()
             merged = {
                 "schema_version": 1,
@@ -103,8 +102,8 @@ def client(args: argparse.Namespace) -> None:
                 "findings": [f.to_dict() for f in found],
                 "ranks": result.records,
             }
-            report_files.write_json(report_files.merged_path(tmp), merged)
-            report_files.write_json(report_files.rank_path(tmp, 0), {"record": recs[0]})
+            files.write_json(files.merged_path(tmp), merged)
+            files.write_json(files.rank_path(tmp, 0), {"record": recs[0]})
             end = time.perf_counter()
             rank0 = {
                 "exit_s": end - t,

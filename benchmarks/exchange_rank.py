@@ -16,8 +16,7 @@ import torch
 import torch.distributed as dist
 
 import rngaudit
-from rngaudit.ranks import exchange, session
-from rngaudit.ranks import rules as compare
+from rngaudit.ranks import exchange, rules, session
 
 TIMED: dict[str, float] = {}
 
@@ -54,7 +53,7 @@ def main() -> None:
     rank = dist.get_rank()
     draws = load(args.sites)
     exchange.exchange = timed("exchange", exchange.exchange)
-    compare.compare = timed("compare", compare.compare)
+    rules.compare = timed("compare", rules.compare)
     session.Session.write = timed("write", session.Session.write)  # type: ignore[method-assign]
 
     rounds = []

@@ -13,8 +13,7 @@ from rngaudit.capture.callsite import here
 from rngaudit.capture.instrument import torch_ops as instrument_torch
 from rngaudit.capture.patching import PatchSet
 from rngaudit.capture.recorder import RECORDER, Window
-from rngaudit.epochs import order_check as epoch_check
-from rngaudit.epochs import partition, sharding
+from rngaudit.epochs import order_check, partition, sharding
 from rngaudit.errors import ConfigError
 from rngaudit.ranks import exchange, session
 from rngaudit.reports.model import AuditReport
@@ -100,8 +99,8 @@ class WholeRun:
         # The worker check outlives the window: its hook is not in the window's ledger.
         self.monitor_hooks.when_imported("torch.utils.data.dataloader", self._install_monitor)
         if self.epochs != "off":
-            watch = epoch_check.Watch(self.settings, self.session, self.epochs == "all")
-            epoch_check.GUARD.watch_all(watch)
+            watch = order_check.Watch(self.settings, self.session, self.epochs == "all")
+            order_check.GUARD.watch_all(watch)
         self.fork_hooks.when_imported("multiprocessing.util", self._watch_forks)
         for module, cls, method, label in RESUME_HOOKS:
             self.resume_hooks.when_imported(module, self._resume_hook(cls, method, label))

@@ -18,7 +18,7 @@ from rngaudit.capture import instrument as instrumentation  # noqa: F401  (regis
 from rngaudit.capture.callsite import here
 from rngaudit.capture.instrument import torch_ops as instrument_torch
 from rngaudit.capture.recorder import RECORDER, Window
-from rngaudit.epochs import order_check as epoch_check
+from rngaudit.epochs import order_check
 from rngaudit.errors import RNGAuditError
 from rngaudit.findings import Finding
 from rngaudit.ranks import exchange, session
@@ -121,8 +121,8 @@ class Audit(ContextDecorator):
         self._index = self._session.reserve()
         self._entry = RECORDER.snapshot()
         self._window = RECORDER.begin(self._index)
-        self._watch = epoch_check.Watch(self.settings, self._session, self.every_epoch)
-        epoch_check.GUARD.enter(self._watch)
+        self._watch = order_check.Watch(self.settings, self._session, self.every_epoch)
+        order_check.GUARD.enter(self._watch)
         self._worker_findings: list[Finding] = []
         self._monitor = _worker_monitor(self._session, self._worker_findings, self.settings)
         self._started: weakref.WeakSet[Any] = weakref.WeakSet()  # started workers in the block
@@ -150,7 +150,7 @@ class Audit(ContextDecorator):
             # the block already found an error (the same harm is not reported twice).
             self.report = None if done is None else done.report
             reported = self.report is None or self.report.verdict == "error"
-            epoch_check.GUARD.leave(self._watch, [] if reported else built)
+            order_check.GUARD.leave(self._watch, [] if reported else built)
 
         # The verdict is decided here; the report files are written after the block exits.
         # Worker findings are local to this rank: reported, never part of the shared verdict

@@ -101,9 +101,9 @@ def test_an_untee_able_epoch_keeps_only_the_index_batches(
     first-batch detection), and the epoch is still compared at its end."""
     from torch.utils.data.distributed import DistributedSampler
 
-    from rngaudit.epochs import order_check as epoch_check
+    from rngaudit.epochs import order_check
 
-    monkeypatch.setattr(epoch_check, "TEE_MAX", 0)
+    monkeypatch.setattr(order_check, "TEE_MAX", 0)
     data = _Items(40)
     sampler: DistributedSampler[int] = DistributedSampler(data, num_replicas=2, rank=0, seed=1)
     loader = D.DataLoader(data, batch_size=2, sampler=sampler)

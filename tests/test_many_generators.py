@@ -10,7 +10,7 @@ from conftest import run_python
 
 from rngaudit import findings as fk
 from rngaudit.capture import naming
-from rngaudit.ranks import rules as compare
+from rngaudit.ranks import rules
 
 N = 3000  # generators of each family: well beyond naming.NAMED_PER_FAMILY
 
@@ -20,7 +20,7 @@ MANY = r"""
 import gc, json, sys, weakref
 import numpy as np, torch
 import rngaudit
-from rngaudit.reports import files as report_write
+from rngaudit.reports import files
 n, seed, report_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 
 def numpy_alive():
@@ -40,7 +40,7 @@ with rngaudit.audit(report_dir=report_dir, mode="report") as audit:
     sampler = torch.utils.data.RandomSampler(range(16), generator=own)
     order = list(sampler)
     del sampler, own
-report_write.flush()
+files.flush()
 del audit
 gc.collect()
 print(json.dumps({
@@ -94,12 +94,12 @@ def test_many_generators_bound_the_report_release_everything_and_keep_the_verdic
 
     def as_rank(rec: dict[str, Any], rank: int) -> dict[str, Any]:
         out = {**rec, "rank": rank, "audit_index": 0}
-        out["signature"] = compare.signature(out)  # type: ignore[arg-type]
+        out["signature"] = rules.signature(out)  # type: ignore[arg-type]
         return out
 
-    alike = compare.compare([as_rank(same, 0), as_rank(same, 1)], 2, [])  # type: ignore[list-item]
+    alike = rules.compare([as_rank(same, 0), as_rank(same, 1)], 2, [])  # type: ignore[list-item]
     assert [f.kind for f in alike] == [fk.EVENTS_AGGREGATED]
-    unlike = compare.compare([as_rank(same, 0), as_rank(other, 1)], 2, [])  # type: ignore[list-item]
+    unlike = rules.compare([as_rank(same, 0), as_rank(other, 1)], 2, [])  # type: ignore[list-item]
     kinds = [f.kind for f in unlike]
     assert fk.SAMPLER_DRAW_DIVERGENCE in kinds, [f.message for f in unlike]
     sampler = next(f for f in unlike if f.kind == fk.SAMPLER_DRAW_DIVERGENCE)

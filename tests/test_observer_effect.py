@@ -22,7 +22,7 @@ from rngaudit.capture.callsite import MARKED_CODES
 from rngaudit.capture.instrument.torch_ops import intercepting
 from rngaudit.capture.patching import ATTR, HOOK, MARKS, MISSING, Entry
 from rngaudit.capture.recorder import RECORDER
-from rngaudit.epochs import order_check as epoch_check
+from rngaudit.epochs import order_check
 from rngaudit.workers import monitor as workers
 
 Op = Callable[[dict[str, Any]], Any]
@@ -103,7 +103,7 @@ def test_audited_and_unaudited_runs_draw_bit_identical_values(
 def _ledgers() -> list[Entry]:
     """Every change open audit windows made, as their undo ledgers list it."""
     return (
-        RECORDER.patches.entries() + epoch_check.GUARD.patches.entries() + workers.PATCHES.entries()
+        RECORDER.patches.entries() + order_check.GUARD.patches.entries() + workers.PATCHES.entries()
     )
 
 

@@ -21,7 +21,7 @@ from rngaudit.capture import patching
 from rngaudit.capture.callsite import MARKED_CODES
 from rngaudit.capture.patching import ATTR, HOOK, MARKS, MISSING, UNDO, Entry, PatchSet
 from rngaudit.capture.recorder import RECORDER
-from rngaudit.epochs import order_check as epoch_check
+from rngaudit.epochs import order_check
 from rngaudit.workers import monitor as workers
 
 
@@ -112,7 +112,7 @@ def test_every_change_of_an_audit_window_is_undone(report_dir: Path) -> None:
         np.random.random()
         entries = (
             RECORDER.patches.entries()
-            + epoch_check.GUARD.patches.entries()
+            + order_check.GUARD.patches.entries()
             + workers.PATCHES.entries()
         )
     kinds = {e.kind for e in entries}
@@ -125,7 +125,7 @@ def test_every_change_of_an_audit_window_is_undone(report_dir: Path) -> None:
     assert any(e.kind == HOOK and e.name == "numpy.random" for e in entries)
     assert_restored(entries)
     assert not RECORDER.patches.entries() and not workers.PATCHES.entries()
-    assert not epoch_check.GUARD.patches.entries()
+    assert not order_check.GUARD.patches.entries()
 
 
 SCRIPT = """
@@ -134,7 +134,7 @@ import torch
 import wrapt
 from torch.utils.data import DataLoader, RandomSampler
 from rngaudit import startup
-from rngaudit.epochs import order_check as epoch_check
+from rngaudit.epochs import order_check
 from rngaudit.capture import patching
 from rngaudit.workers import monitor as workers
 from rngaudit.capture.recorder import RECORDER
@@ -273,7 +273,7 @@ def test_the_order_check_installs_over_another_librarys_wrapt_wrapper() -> None:
     original = cls.__dict__["__next__"]
     foreign = wrapt.FunctionWrapper(original, lambda w, i, a, k: w(*a, **k))
     cls.__next__ = foreign  # type: ignore[method-assign]
-    guard = epoch_check.EpochGuard()
+    guard = order_check.EpochGuard()
     try:
         guard.install()
         ours = cls.__dict__["__next__"]

@@ -10,30 +10,30 @@ import torch
 from event_factory import make_event
 
 import rngaudit
-from rngaudit import schema as records
+from rngaudit import schema
 from rngaudit.capture.rank_record import merge_deferred
 
 
-def _event(seq: int, audit: int) -> records.Event:
+def _event(seq: int, audit: int) -> schema.Event:
     return make_event(seq, audit=audit)
 
 
 def test_deferred_records_merge_into_one_record_of_the_audit() -> None:
-    first: records.RankRecord = {
+    first: schema.RankRecord = {
         "events": [_event(1, 0)],
         "loaders": [],
         "states": {"entry": {"g": "00000001"}, "exit": {"g": "00000002"}},
         "from_start": True,
         "exception": None,
     }
-    second: records.RankRecord = {
+    second: schema.RankRecord = {
         "events": [_event(2, 1)],
         "loaders": [],
         "states": {"entry": {"g": "00000002"}, "exit": {"g": "00000003"}},
         "from_start": False,
         "exception": "ValueError: late",
     }
-    current: records.RankRecord = {
+    current: schema.RankRecord = {
         "label": "audit at train.py:9",
         "events": [_event(3, 2)],
         "states": {"entry": {"g": "00000003"}, "exit": {"g": "00000004"}},

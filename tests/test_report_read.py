@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from samples import AUDIT, DATA
 
-from rngaudit import schema as records
+from rngaudit import schema
 from rngaudit.errors import ReportError
 from rngaudit.findings import RANK_MISSING
 from rngaudit.reports.reading import find_report_files, load_report_dir
@@ -477,7 +477,7 @@ def _placed(shape: str, name: str) -> tuple[dict[str, Any], str]:
     [
         (shape, name)
         for shape in ("Event", "Loader", "RankRecord", "FindingDict", "AuditDict", "RankFileDict")
-        for name in typing.get_type_hints(getattr(records, shape))
+        for name in typing.get_type_hints(getattr(schema, shape))
         if name != "schema_version"  # checked first, with its own message
     ],
 )

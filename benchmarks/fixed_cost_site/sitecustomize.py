@@ -102,10 +102,9 @@ def _install() -> None:
         return
     from rngaudit import whole_run
     from rngaudit.capture import patching
-    from rngaudit.epochs import order_check as epoch_check
-    from rngaudit.ranks import exchange, session
-    from rngaudit.ranks import rules as compare
-    from rngaudit.reports import files as report_write
+    from rngaudit.epochs import order_check
+    from rngaudit.ranks import exchange, rules, session
+    from rngaudit.reports import files
 
     # import hooks: what fires when torch, accelerate, the DataLoader module... are imported
     routes = patching.routes
@@ -124,16 +123,16 @@ def _install() -> None:
 
     whole_run.WholeRun._checkpoint = checkpoint(whole_run.WholeRun._checkpoint)
     session.rank_record = timed("  rank record", session.rank_record)
-    compare.signature = timed("  signature", compare.signature)
-    compare.compare = timed("  compare", compare.compare)
+    rules.signature = timed("  signature", rules.signature)
+    rules.compare = timed("  compare", rules.compare)
     exchange.exchange = timed("exchange (all, incl. wait)", exchange.exchange)
     exchange._wait_for = timed("  wait for other ranks", exchange._wait_for)
     exchange.agree = timed("  agree run id", exchange.agree)
     session.Session.write = timed("  write (encode, queue)", session.Session.write)
-    report_write.write_text = timed("write_text (any thread)", report_write.write_text)
-    report_write.set_aside = timed("set_aside (any thread)", report_write.set_aside)
-    report_write.flush = timed("flush", report_write.flush)
-    guard = epoch_check.EpochGuard
+    files.write_text = timed("write_text (any thread)", files.write_text)
+    files.set_aside = timed("set_aside (any thread)", files.set_aside)
+    files.flush = timed("flush", files.flush)
+    guard = order_check.EpochGuard
     guard._first_batch = timed("order check (first batch)", guard._first_batch)
     guard._epoch_end = timed("partition check (epoch end)", guard._epoch_end)
     whole_run.WholeRun.at_exit = timed("at_exit", whole_run.WholeRun.at_exit)

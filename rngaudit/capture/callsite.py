@@ -8,7 +8,7 @@ import sysconfig
 from types import CodeType, FrameType
 from typing import Any, NamedTuple
 
-from rngaudit import schema as records
+from rngaudit import schema
 from rngaudit.wording import format_site
 
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # rngaudit/
@@ -71,7 +71,7 @@ class CallSite(NamedTuple):
     line: int
     function: str
 
-    def to_dict(self) -> records.CallSiteDict:
+    def to_dict(self) -> schema.CallSiteDict:
         return {"file": self.file, "line": self.line, "function": self.function}
 
     def short(self) -> str:

@@ -8,8 +8,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from rngaudit import forksafe
-from rngaudit import schema as records
+from rngaudit import forksafe, schema
 from rngaudit.capture import fingerprint
 from rngaudit.capture.callsite import CallSite
 from rngaudit.schema import CREATE as CREATE
@@ -28,7 +27,7 @@ class SamplerInfo:
     loader: str | None = None
     output_digest: str | None = None
 
-    def to_dict(self) -> records.SamplerDict:
+    def to_dict(self) -> schema.SamplerDict:
         return {"chain": self.chain, "loader": self.loader, "output_digest": self.output_digest}
 
 
@@ -66,14 +65,14 @@ class Event:
         self.last_fingerprint = fingerprint
         self.digest = zlib.crc32(str(fingerprint).encode(), self.digest or 0)
 
-    def to_dict(self) -> records.Event:
+    def to_dict(self) -> schema.Event:
         if self.state is not None:
             state, self.state = self.state, None
             try:
                 self.fingerprint = fingerprint.torch_state_hex(state)
             except Exception:  # a state that cannot be hashed is unknown, as when read
                 self.fingerprint = None
-        out: records.Event = {
+        out: schema.Event = {
             "seq": self.seq,
             "audit": self.audit,
             "generator": self.generator,

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from threading import current_thread
 from typing import Any
 
-from rngaudit import forksafe
-from rngaudit import schema as records
+from rngaudit import forksafe, schema
 from rngaudit.capture import callsite, fingerprint, naming
 from rngaudit.capture.event_log import ITERATION, PRE_ITERATION, Event, EventLog, SamplerInfo
 from rngaudit.capture.fingerprint import TorchFingerprint
@@ -96,7 +95,7 @@ class Recorder:
             self.audit_index = index
             return window
 
-    def events_since(self, window: Window) -> list[records.Event]:
+    def events_since(self, window: Window) -> list[schema.Event]:
         """The window's events (so far) as report dicts, labelled with its audit index."""
         out = []
         for event in self.log.since(window.start):

@@ -24,14 +24,12 @@ from typing import Any, cast
 
 import wrapt
 
-from rngaudit import forksafe, peek
-from rngaudit import schema as records
+from rngaudit import forksafe, peek, schema
 from rngaudit.capture.instrument import loaders as instrument_loaders
 from rngaudit.capture.patching import PatchSet
 from rngaudit.capture.recorder import RECORDER
 from rngaudit.config import Settings
-from rngaudit.epochs import observed, partition, sharding
-from rngaudit.epochs import order_rules as epoch_rules
+from rngaudit.epochs import observed, order_rules, partition, sharding
 from rngaudit.findings import Finding
 from rngaudit.ranks import exchange
 from rngaudit.ranks.policy import act
@@ -66,7 +64,7 @@ class _LoaderState:
     index: int
     label: str
     checks: int = 0
-    previous: records.EpochRecord | None = None
+    previous: schema.EpochRecord | None = None
     tape: sharding.OrderTape = field(default_factory=sharding.OrderTape)
 
 
@@ -214,7 +212,7 @@ class EpochGuard:
             elif name in dict(observed.DATA_PARALLEL_CLASSES[:2]):  # DDP, FSDP
                 cls = getattr(module, dict(observed.DATA_PARALLEL_CLASSES)[name], None)
                 init = cls.__dict__.get("__init__") if isinstance(cls, type) else None
-                if init is not None and not isinstance(init, wrapt.FunctionWrapper):
+                if init is not None and not self.patches.replaced(cls, "__init__"):
                     self.patches.wrap(cls, "__init__", _note_module)
             elif name == "accelerate.data_loader":
                 cls = module.BatchSamplerShard
@@ -571,7 +569,7 @@ class EpochGuard:
             group = next((g for g in groups if mine in g), None)
             if data_parallel and group is not None and 1 < len(group) < len(summaries):
                 summaries = {r: s for r, s in summaries.items() if r in group}
-            finding, exact = epoch_rules.observed_overlap(
+            finding, exact = order_rules.observed_overlap(
                 summaries, epoch.label, epoch.chain, epoch.epoch,
                 epoch.key in self.partitioned, data_parallel,
             )  # fmt: skip
@@ -605,7 +603,7 @@ class EpochGuard:
             result = self._swap(record, f"partition/{state.index}/{epoch}", watch, "partition")
             if result is not None:
                 summaries = {int(r["rank"]): r["partition"] for r in result[0] if "partition" in r}
-                finding = epoch_rules.partition_overlap(summaries, state.label, chain, epoch)
+                finding = order_rules.partition_overlap(summaries, state.label, chain, epoch)
                 if finding is not None:
                     found.append(finding)
                     watch.session.add_check(label, found)
@@ -619,7 +617,7 @@ class EpochGuard:
     def _measure_planned(
         self,
         found: list[Finding],
-        record: records.EpochRecord,
+        record: schema.EpochRecord,
         watch: Watch,
         state: _LoaderState,
         planned: dict[str, Any] | None,
@@ -637,7 +635,7 @@ class EpochGuard:
         result = self._swap(mine, f"planned/{state.index}/{state.checks}", watch, "order")
         rows = result[0] if result is not None else []
         summaries = {int(r["rank"]): r["planned"] for r in rows if "planned" in r}
-        return epoch_rules.planned_overlap(summaries, found, len(rows) == len(summaries) > 1)
+        return order_rules.planned_overlap(summaries, found, len(rows) == len(summaries) > 1)
 
     def _swap(
         self, record: dict[str, Any], key: str, watch: Watch, what: str
@@ -691,8 +689,8 @@ class EpochGuard:
 
     def _record(
         self, iterator: Any, nodes: list[Any], shard: Any, state: _LoaderState
-    ) -> records.EpochRecord:
-        record: records.EpochRecord = {
+    ) -> schema.EpochRecord:
+        record: schema.EpochRecord = {
             "loader": state.label,
             "epoch": state.checks,
             "chain": sharding.chain_name(nodes),
@@ -721,7 +719,7 @@ class EpochGuard:
 
     def _exchange(
         self,
-        record: records.EpochRecord,
+        record: schema.EpochRecord,
         watch: Watch,
         state: _LoaderState,
         planned: dict[str, Any] | None = None,
@@ -733,15 +731,15 @@ class EpochGuard:
         if exchanged is None:
             return []
         try:
-            found = epoch_rules.compare(
-                cast(list[records.EpochRecord], exchanged[0]), exchanged[1], watch.settings.timeout
+            found = order_rules.compare(
+                cast(list[schema.EpochRecord], exchanged[0]), exchanged[1], watch.settings.timeout
             )
         except Exception:
             log.warning("rngaudit: the order check could not compare", exc_info=True)
             return []
-        if epoch_rules.only_draws_differ(found):
+        if order_rules.only_draws_differ(found):
             found = self._measure_planned(found, record, watch, state, planned)
-        repeat = epoch_rules.repeated(record, state.previous)
+        repeat = order_rules.repeated(record, state.previous)
         if repeat is not None:
             found.append(repeat)
         label = f"epoch {record['epoch']} of {record['loader']} ({record['chain']})"
@@ -809,7 +807,7 @@ def _plain_reset(self: Any, *args: Any, **kwargs: Any) -> Any:
     return self._reset(*args, **kwargs)
 
 
-def expand_groups(exchanged: list[dict[str, Any]]) -> list[records.EpochRecord]:
+def expand_groups(exchanged: list[dict[str, Any]]) -> list[schema.EpochRecord]:
     """Every rank's epoch record: a rank not fetched (``same_as``: equal to that rank's record,
     signature and all) gets a copy of it under its own rank; one whose group's record could
     not be read (a late reader after the owners cleared it) is left out."""
@@ -820,7 +818,7 @@ def expand_groups(exchanged: list[dict[str, Any]]) -> list[records.EpochRecord]:
             out.append(r)
         elif r.get("same_as") in full:
             out.append(dict(full[int(r["same_as"])], rank=int(r["rank"])))
-    return cast(list[records.EpochRecord], out)  # the ranks' own records, decoded from JSON
+    return cast(list[schema.EpochRecord], out)  # the ranks' own records, decoded from JSON
 
 
 def _teed(shard: Any, gen: Iterator[Any], tape: sharding.OrderTape) -> Iterator[Any]:
@@ -901,7 +899,7 @@ def _one_loader(summaries: dict[int, dict[str, Any]]) -> bool:
     )
 
 
-def _draw_summary(event: records.Event) -> records.SamplerDraw:
+def _draw_summary(event: schema.Event) -> schema.SamplerDraw:
     sampler = event.get("sampler")
     return {
         "op": event.get("op"),
@@ -914,7 +912,7 @@ def _draw_summary(event: records.Event) -> records.SamplerDraw:
     }
 
 
-def _split_draws(session: Any) -> list[records.SamplerDraw]:
+def _split_draws(session: Any) -> list[schema.SamplerDraw]:
     """The first recorded draw that built a dataset split (random_split), to name in a finding."""
     own = getattr(session, "records", {}).get(getattr(session, "rank", 0), {})
     for event in own.get("events", []):

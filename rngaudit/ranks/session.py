@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from rngaudit import forksafe
-from rngaudit import schema as records
+from rngaudit import forksafe, schema
 from rngaudit.capture.rank_record import merge_deferred, rank_record, summarize_loaders
 from rngaudit.capture.recorder import RECORDER, Window
 from rngaudit.config import restart_attempt
@@ -22,10 +21,9 @@ from rngaudit.errors import (
     RNGAuditWarning,
 )
 from rngaudit.findings import Finding, verdict_of
-from rngaudit.ranks import exchange
-from rngaudit.ranks import rules as compare
+from rngaudit.ranks import exchange, rules
 from rngaudit.ranks.policy import act
-from rngaudit.reports import files as report_files
+from rngaudit.reports import files
 from rngaudit.reports.model import SCHEMA_VERSION, AuditReport
 
 _private_random = random.Random(os.urandom(8))  # never the user's generators
@@ -56,20 +54,16 @@ class _Target:
             return self.moved
         if not self.claimed:
             return self.top
-        names = [report_files.rank_path(self.top, rank), report_files.merged_path(self.top)]
+        names = [files.rank_path(self.top, rank), files.merged_path(self.top)]
         other = next(
-            (
-                found
-                for path in names
-                if (found := report_files.run_id_of(path)) not in (None, run_id)
-            ),
+            (found for path in names if (found := files.run_id_of(path)) not in (None, run_id)),
             None,
         )
         if other is None:
             return self.top
         self.moved = self.top / f"run-{run_id}"
         self.moved.mkdir(exist_ok=True)
-        report_files.set_aside(self.moved, run_id)
+        files.set_aside(self.moved, run_id)
         warnings.warn(
             f"rngaudit: another run (run id {other}) is writing its report into {self.top} "
             f"at the same time as this one (run id {run_id}); this run's report is written to "
@@ -130,11 +124,11 @@ class Session:
         # exchange): until then a process launched as one of several ranks writes nothing.
         self.agreed = False
         self.target = _Target(report_dir)
-        self.pending: list[tuple[int, str, records.RankRecord]] = []  # deferred: no group yet
+        self.pending: list[tuple[int, str, schema.RankRecord]] = []  # deferred: no group yet
         self._set_aside_for: str | None = None  # run id whose predecessors were moved away
-        self.audits: list[records.AuditDict] = []
+        self.audits: list[schema.AuditDict] = []
         self.findings: list[Finding] = []
-        self.records: dict[int, records.RankRecord] = {}
+        self.records: dict[int, schema.RankRecord] = {}
         self._next_index = 0
         self._lock = forksafe.lock()
         self.resumes: list[str] = []  # "Accelerator.load_state() at train.py:40", this rank's
@@ -182,7 +176,7 @@ class Session:
             return index
 
     def conclude(
-        self, index: int, label: str, record: records.RankRecord, how: Closing
+        self, index: int, label: str, record: schema.RankRecord, how: Closing
     ) -> AuditReport:
         """Exchange ``record`` with the other ranks, compare, write the files.
 
@@ -208,19 +202,19 @@ class Session:
             record = merge_deferred([rec for _, _, rec in pending], record, index)
         self.identify()
         record = {**record, "rank": self.rank, "run_id": self.run_id, "audit_index": index}
-        record["signature"] = compare.signature(record)  # lets compare() group equal ranks
+        record["signature"] = rules.signature(record)  # lets compare() group equal ranks
         declared = self.mode + ("+strict" if how.strict else "")
         result = self._exchange(record, label, declared, how)
         if where is not None:  # after destroy_process_group(): keep the world size known
             self.world_size = result.world_size
-        exchanged = cast(list[records.RankRecord], result.records)  # what the ranks published
+        exchanged = cast(list[schema.RankRecord], result.records)  # what the ranks published
         arrived = sorted(exchanged, key=lambda r: int(r["rank"]))
         if arrived and arrived[0].get("run_id"):
             self.run_id = str(arrived[0]["run_id"])  # adopt the lowest rank's run id
             self.agreed = True
         found = _decide(result, arrived, index, how.timeout)
-        mode, acting_strict = compare.strictest(list(result.modes) or [declared], self.mode)
-        entry: records.AuditDict = {"index": index, "label": label, "verdict": verdict_of(found)}
+        mode, acting_strict = rules.strictest(list(result.modes) or [declared], self.mode)
+        entry: schema.AuditDict = {"index": index, "label": label, "verdict": verdict_of(found)}
         if len(result.modes) > 1:
             entry["mode"] = mode  # what every rank acts on
             entry["strict"] = acting_strict
@@ -236,7 +230,7 @@ class Session:
             audits=[self.audits[-1]],
         )
 
-    def _defer(self, index: int, label: str, record: records.RankRecord) -> AuditReport:
+    def _defer(self, index: int, label: str, record: schema.RankRecord) -> AuditReport:
         """Keep an audit made before the process group exists for the next one concluded
         with it (its record joins that one's); an empty report comes back."""
         with self._lock:
@@ -249,7 +243,7 @@ class Session:
         )
 
     def _exchange(
-        self, record: records.RankRecord, label: str, declared: str, how: Closing
+        self, record: schema.RankRecord, label: str, declared: str, how: Closing
     ) -> exchange.Exchanged:
         """Exchange the signed record under the audit's identity and occurrence."""
         name = how.identity or label
@@ -268,9 +262,9 @@ class Session:
     def _keep(
         self,
         found: list[Finding],
-        entry: records.AuditDict,
-        arrived: list[records.RankRecord],
-        record: records.RankRecord,
+        entry: schema.AuditDict,
+        arrived: list[schema.RankRecord],
+        record: schema.RankRecord,
         background: bool,
     ) -> list[Finding]:
         """File an audit's findings and records in the session and write its files; returns
@@ -372,7 +366,7 @@ class Session:
             self.findings.append(finding)
             self.write()
 
-    def _accumulate(self, rec: records.RankRecord, index: int) -> None:
+    def _accumulate(self, rec: schema.RankRecord, index: int) -> None:
         filed = as_filed(rec, index, self.run_id)
         acc = self.records.setdefault(filed["rank"], {**filed, "events": [], "loaders": []})
         acc["events"].extend(filed["events"])
@@ -418,9 +412,9 @@ class Session:
         """Write this rank's file, and on rank 0 the merged report.
 
         ``background``: the files are written on rngaudit's writer thread, in order, after
-        this returns (:func:`report_files.flush` waits for them). The first write of a run
+        this returns (:func:`files.flush` waits for them). The first write of a run
         moves files an earlier run left in the directory to ``previous/`` (see
-        :func:`report_files.set_aside`): a new run never destroys them.
+        :func:`files.set_aside`): a new run never destroys them.
         """
         with self._lock:
             self.identify()
@@ -428,7 +422,7 @@ class Session:
                 return  # written once the rank and the run id are known (the next write)
             merged = self.report()
             own = self.records.get(self.rank, {"rank": self.rank, "events": [], "states": {}})
-            rank_doc: records.RankFileDict = {
+            rank_doc: schema.RankFileDict = {
                 "schema_version": SCHEMA_VERSION,
                 "run_id": self.run_id,
                 "world_size": self.world_size,
@@ -440,8 +434,8 @@ class Session:
                 "record": own,
             }
             # Encoded now, under the lock: what is written is this moment's report.
-            rank_text = report_files.encode(rank_doc)
-            merged_text = report_files.encode(merged.to_dict()) if self.rank == 0 else None
+            rank_text = files.encode(rank_doc)
+            merged_text = files.encode(merged.to_dict()) if self.rank == 0 else None
             report_dir, run_id, rank = self.report_dir, self.run_id, self.rank
             set_aside = self._set_aside_for != run_id
             self._set_aside_for = run_id
@@ -449,19 +443,19 @@ class Session:
 
             def job() -> None:
                 if set_aside:
-                    report_files.set_aside(report_dir, run_id)
+                    files.set_aside(report_dir, run_id)
                     target.claimed = True
                 where = target.place(run_id, rank)
-                report_files.write_text(report_files.rank_path(where, rank), rank_text)
+                files.write_text(files.rank_path(where, rank), rank_text)
                 if merged_text is not None:
-                    report_files.write_text(report_files.merged_path(where), merged_text)
+                    files.write_text(files.merged_path(where), merged_text)
 
             try:
                 report_dir.mkdir(parents=True, exist_ok=True)  # fails now, not in the background
                 if background:
-                    report_files.WRITER.submit(job)
+                    files.WRITER.submit(job)
                 else:
-                    report_files.flush()  # earlier background writes first: files stay in order
+                    files.flush()  # earlier background writes first: files stay in order
                     job()
             except OSError as exc:  # the verdict still stands; the report stays in memory
                 self._set_aside_for = None
@@ -475,7 +469,7 @@ class Session:
 
 def _read_window(
     window: Window, label: str, entry: dict[str, str | None], how: Closing
-) -> tuple[records.RankRecord, dict[str, str | None]]:
+) -> tuple[schema.RankRecord, dict[str, str | None]]:
     """This rank's record of the window (or segment) and the generator states at its end.
     ``how.close``: the window ends here (``how.on_closed(built)`` runs right after, also when
     reading it failed); otherwise it stays open (paused by the caller)."""
@@ -502,13 +496,13 @@ def _read_window(
 
 
 def _decide(
-    result: exchange.Exchanged, arrived: list[records.RankRecord], index: int, timeout: float
+    result: exchange.Exchanged, arrived: list[schema.RankRecord], index: int, timeout: float
 ) -> list[Finding]:
     """The findings of one exchanged audit: the protocol's (modes, labels, ranks that raised
     or left), then the rules' over the ranks that arrived."""
     # a rank whose block raised stopped drawing early: compare the others among themselves
     comparable = [r for r in arrived if int(r["rank"]) not in result.raised]
-    found = compare.protocol(
+    found = rules.protocol(
         result.kind,
         result.audits,
         result.modes,
@@ -518,17 +512,17 @@ def _decide(
         why=result.why,
     )
     if result.kind in ("complete", "abandoned"):
-        found += compare.compare(
+        found += rules.compare(
             comparable, result.world_size, result.missing, index, timeout, result.arrived
         )
     return found
 
 
-def as_filed(rec: records.RankRecord, index: int, run_id: str) -> records.RankRecord:
+def as_filed(rec: schema.RankRecord, index: int, run_id: str) -> schema.RankRecord:
     """A rank's record of audit ``index`` in the shape the report files and ``AuditReport.ranks``
     keep (docs/report-format.md): what the exchange needed only (signature, label, framework,
     seeds, audit index) left out; its loaders tagged with the audit."""
-    filed: records.RankRecord = {
+    filed: schema.RankRecord = {
         "rank": int(rec["rank"]),
         "pid": rec.get("pid"),
         "host": rec.get("host"),

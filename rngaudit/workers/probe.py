@@ -16,7 +16,7 @@ from typing import Any
 
 from rngaudit.capture import callsite
 from rngaudit.capture.fingerprint import of as state_fingerprint
-from rngaudit.reports import files as report_files
+from rngaudit.reports import files
 
 # Bounds of one walk over a dataset graph: depth below the root, items looked at per
 # container (list, tuple, dict), attributes per object, and objects visited in all.
@@ -371,7 +371,7 @@ def write_report(
     """Write one worker's report atomically; never raises (a missing directory is fine)."""
     path = Path(report_dir) / report_name(worker_id, prefix)
     try:
-        report_files.write_text(path, json.dumps(report), mkdir=False)
+        files.write_text(path, json.dumps(report), mkdir=False)
     except Exception:
         return False
     return True
