@@ -38,7 +38,10 @@ unit: $(STAMP)
 	$(VENV)/bin/coverage combine -q
 	$(VENV)/bin/coverage report
 
-test: lint typecheck unit
+# lint and typecheck (one core, ~1 min on a clean clone) run beside the suite, whose torchrun
+# launches leave a core idle much of the time; each line of output stays whole.
+test: $(STAMP)
+	$(MAKE) --no-print-directory -j3 --output-sync=line lint typecheck unit
 
 # Rewrites the sample reports under tests/data (from a real 2-rank run), the golden renderings
 # under tests/golden and the docs' sample blocks (read the diff before committing it).
