@@ -39,9 +39,10 @@ unit: $(STAMP)
 	$(VENV)/bin/coverage report
 
 # lint and typecheck (one core, ~1 min on a clean clone) run beside the suite, whose torchrun
-# launches leave a core idle much of the time; each line of output stays whole.
+# launches leave a core idle much of the time (a clean clone: 9 min 49 s, was 11 min 27 s in
+# sequence). Output is not synchronised, so the suite's progress shows as it runs.
 test: $(STAMP)
-	$(MAKE) --no-print-directory -j3 --output-sync=line lint typecheck unit
+	$(MAKE) --no-print-directory -j3 lint typecheck unit
 
 # Rewrites the sample reports under tests/data (from a real 2-rank run), the golden renderings
 # under tests/golden and the docs' sample blocks (read the diff before committing it).
