@@ -39,8 +39,8 @@ unit: $(STAMP)
 	$(VENV)/bin/coverage report
 
 # lint and typecheck (one core, ~1 min on a clean clone) run beside the suite, whose torchrun
-# launches leave a core idle much of the time (a clean clone: 9 min 49 s, was 11 min 27 s in
-# sequence). Output is not synchronised, so the suite's progress shows as it runs.
+# launches leave a core idle much of the time (a clean clone: 9 min 49 s / 11 min 6 s, 11 min
+# 27 s in sequence). Output is not synchronised, so the suite's progress shows as it runs.
 test: $(STAMP)
 	$(MAKE) --no-print-directory -j3 lint typecheck unit
 
