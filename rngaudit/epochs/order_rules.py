@@ -191,6 +191,14 @@ _DRAWS_ONLY = (
 )
 
 
+def beyond_padding(seen: dict[str, Any], world: int) -> bool:
+    """Whether a measured overlap (:func:`~rngaudit.epochs.partition.overlap`) is harm: more
+    samples shared than a DistributedSampler's padding (``world - 1``), while no rank repeats
+    more than that within its own share (sampling with replacement, where ranks may overlap
+    by design)."""
+    return int(seen["shared"]) > world - 1 and max(seen["repeats"].values()) <= world - 1
+
+
 def planned_overlap(
     summaries: dict[int, dict[str, Any]], found: list[Finding], complete: bool
 ) -> list[Finding]:
@@ -216,7 +224,7 @@ def planned_overlap(
             )
             out.append(f)
             continue
-        if seen["shared"] <= world - 1 or max(seen["repeats"].values()) > world - 1:
+        if not beyond_padding(seen, world):
             continue  # measured intact: the ranks order shares that still partition the data
         never = seen["root_size"] - seen["union"]
         f.severity = "error"
@@ -422,10 +430,8 @@ def partition_overlap(
     """
     world = len(summaries)
     seen = partition.overlap(summaries)
-    if seen is None or seen["shared"] <= world - 1:
+    if seen is None or not beyond_padding(seen, world):
         return None
-    if max(seen["repeats"].values()) > world - 1:
-        return None  # sampling with replacement: ranks may overlap by design
     never = seen["root_size"] - seen["union"]
     counts = ", ".join(f"rank {r}: {n}" for r, n in sorted(seen["per_rank"].items()))
     message = (
