@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 import random
+import re
 import threading
 from pathlib import Path
 from typing import Any, cast
@@ -15,6 +16,7 @@ import torch
 from conftest import run_python
 
 import rngaudit
+from rngaudit.capture import naming
 
 HERE = __file__
 
@@ -224,11 +226,14 @@ def test_loaders_built_in_the_window_are_summarised(report_dir: Path) -> None:
         lazy = torch.utils.data.DataLoader(data, batch_size=4, shuffle=True)
     assert a.report is not None
     loaders = {entry["loader"]: entry for entry in a.report.ranks[0]["loaders"]}
-    stateful = loaders["StatefulDataLoader#1"]
+    # each named by its class, numbered in the order the process first saw one of it
+    assert re.fullmatch(r"StatefulDataLoader#\d+", naming.LOADERS.name(early))
+    assert re.fullmatch(r"DataLoader#\d+", naming.LOADERS.name(lazy))
+    stateful = loaders[naming.LOADERS.name(early)]
     assert stateful["drew_before_iteration"] is True and stateful["num_workers"] == 1
     assert stateful["sampler"] == "BatchSampler > RandomSampler"
     assert stateful["fingerprint"] and stateful["output_digest"]
-    plain = loaders["DataLoader#1"]
+    plain = loaders[naming.LOADERS.name(lazy)]
     assert plain["drew_before_iteration"] is False
     assert plain["generator"].startswith("torch.default_generator")
     del early, lazy

@@ -60,9 +60,17 @@ def test_unmodified_repro_passes_seeded(tmp_path: Path) -> None:
     labels = [a["label"] for a in audits]
     assert labels[0].startswith("Accelerator.prepare() at repro_prepare_prefetch.py:")
     assert "first DataLoader iteration" in labels
-    # then the order check at the first batch of the sharded loader: every rank agreed
+    # then the order check at the first batch of the sharded loader: every rank agreed; it
+    # names the loader as the window's record does (one name per loader in a report)
     chain = "BatchSamplerShard > BatchSampler > RandomSampler"
-    assert labels[-1] == f"epoch 0 of BatchSamplerShard#1 ({chain})"
+    built = [
+        loader["loader"]
+        for rank in merged["ranks"]  # type: ignore[attr-defined]
+        for loader in rank.get("loaders", [])
+        if loader["sampler"] == chain
+    ]
+    assert built and set(built) == {"StatefulDataLoader#1"}, built
+    assert labels[-1] == f"epoch 0 of StatefulDataLoader#1 ({chain})"
 
 
 def test_stray_draw_on_rank0_is_named_and_warn_mode_finishes(tmp_path: Path) -> None:

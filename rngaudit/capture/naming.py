@@ -1,7 +1,9 @@
-"""Stable, readable names for the generators an audit sees."""
+"""Stable, readable names for the generators and the DataLoaders an audit sees."""
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 from rngaudit import forksafe
@@ -79,3 +81,85 @@ class GeneratorNames:
             self._names.clear()
             self._keep.clear()
             self._counters.clear()
+
+
+class LoaderNames:
+    """The one label of each DataLoader in a process: ``<class>#<n>``, numbered per class in
+    order of first sight and never renumbered, so a window's record and every later order,
+    partition and observed check name a loader the same way (the window's end does not clear
+    it). The loaders are held weakly: a freed loader's label is never given to another.
+
+    A loader is found again from what its iterator holds (its index sampler, its shard):
+    :meth:`find` asks the loaders named so far, then ``candidates``.
+    """
+
+    def __init__(self) -> None:
+        self._lock = forksafe.lock()
+        # id -> (reference, label), in the order named
+        self._by_id: dict[int, tuple[Callable[[], Any], str]] = {}
+        self._counters: dict[str, int] = {}
+
+    def name(self, loader: Any) -> str:
+        """The label of ``loader``, given now if it has none."""
+        label = self._get(loader)
+        if label is not None:
+            return label
+        with self._lock:
+            label = self._get(loader)
+            if label is None:
+                family = type(loader).__name__
+                number = self._counters.get(family, 0) + 1
+                self._counters[family] = number
+                label = f"{family}{NUMBER_MARK}{number}"
+                self._remember(loader, label)
+            return label
+
+    def loaders(self) -> list[Any]:
+        """The named objects still alive, in the order they were named."""
+        entries = tuple(self._by_id.values())  # one C-level copy: a collection may run after
+        return [obj for obj in (ref() for ref, _ in entries) if obj is not None]
+
+    def find(
+        self, part: Any, holds: Callable[[Any, Any], bool], candidates: list[Any]
+    ) -> str | None:
+        """The label of the loader that ``holds(loader, part)``: one named already, else the
+        first of ``candidates`` (named now); None when none does."""
+        for loader in [*self.loaders(), *candidates]:
+            try:
+                if loader is not part and holds(loader, part):
+                    return self.name(loader)
+            except Exception:  # a user's object answered oddly: not this loader
+                continue
+        return None
+
+    def _get(self, obj: Any) -> str | None:
+        entry = self._by_id.get(id(obj))
+        return entry[1] if entry is not None and entry[0]() is obj else None
+
+    def _remember(self, obj: Any, label: str) -> None:
+        key = id(obj)
+
+        def gone(ref: Any) -> None:  # no lock: it may run in a collection inside one
+            if self._by_id.get(key, (None,))[0] is ref:
+                del self._by_id[key]
+
+        ref: Callable[[], Any]
+        try:
+            ref = weakref.ref(obj, gone)
+        except TypeError:  # no weak reference: held, so its id is never reused
+            ref = _Held(obj)
+        self._by_id.pop(key, None)  # a dead entry's place: the order named
+        self._by_id[key] = (ref, label)
+
+
+class _Held:
+    """A strong reference with a weak reference's call."""
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __call__(self) -> Any:
+        return self.obj
+
+
+LOADERS = LoaderNames()

@@ -67,7 +67,7 @@ def summarize_loaders(rec: Recorder, events: list[schema.Event]) -> list[schema.
     """One entry per loader built in the window (report field ``loaders``)."""
     out: list[schema.Loader] = []
     for loader in rec.new_loaders:
-        name = rec.loaders.name(type(loader).__name__, id(loader), loader)
+        name = naming.LOADERS.name(loader)
         chain = sharding.loader_chain(loader)
         generator = None
         for sampler in reversed(chain):

@@ -46,7 +46,6 @@ class Recorder:
     def __init__(self) -> None:
         self.log = EventLog()
         self.names = naming.GeneratorNames(naming.NAMED_PER_FAMILY)
-        self.loaders = naming.GeneratorNames()
         self.patches = PatchSet()
         self.enabled = False
         self.audit_index = 0
@@ -169,7 +168,6 @@ class Recorder:
             self._thread_windows.clear()
             self.uninstrument()
             self.names.clear()
-            self.loaders.clear()
             self.new_loaders.clear()
             self.log = EventLog()
         return states
@@ -354,7 +352,7 @@ class Recorder:
         chain = " > ".join(type(s).__name__ for s in reversed(samplers))
         loader_name = None
         if loader is not None:
-            loader_name = self.loaders.name(type(loader).__name__, id(loader), loader)
+            loader_name = naming.LOADERS.name(loader)
         return SamplerInfo(chain=chain, loader=loader_name)
 
     # -- state snapshots -------------------------------------------------------------------

@@ -25,6 +25,7 @@ from typing import Any, cast
 import wrapt
 
 from rngaudit import forksafe, peek, schema
+from rngaudit.capture import naming
 from rngaudit.capture.instrument import loaders as instrument_loaders
 from rngaudit.capture.patching import PatchSet
 from rngaudit.capture.recorder import RECORDER
@@ -231,8 +232,11 @@ class EpochGuard:
     def _state(self, shard: Any) -> _LoaderState:
         state = self.loaders.get(shard)
         if state is None:
+            # the store keys number the loader in the order this rank first checks it (the
+            # same on every rank); its label is the loader's one name (naming.LOADERS), or the
+            # shard's own for a loader never seen built (``DistributedSampler#1``)
             self._count += 1
-            label = f"{type(shard).__name__}#{self._count}"
+            label = _loader_label(shard) or naming.LOADERS.name(shard)
             state = _LoaderState(self._count, label)
             self.loaders[shard] = state
         return state
@@ -481,10 +485,12 @@ class EpochGuard:
                 base = f"{identity}|{chain}|{batch}"
                 occurrence = self._occurrences.get(base, 0)
                 self._occurrences[base] = occurrence + 1
-                # named the same on every rank that iterates it (never by _count: the sharded
-                # loaders' exchange keys use it, and a loader one rank iterates must not move it)
-                label = f"DataLoader over {type(root).__name__}(len={peek.size(root)})" + (
-                    f" #{occurrence + 1}" if occurrence else ""
+                # the loader's one name if it was seen built, else named the same on every
+                # rank that iterates it (never by _count: the sharded loaders' exchange keys
+                # use it, and a loader one rank iterates must not move it)
+                label = _loader_label(index) or (
+                    f"DataLoader over {type(root).__name__}(len={peek.size(root)})"
+                    + (f" #{occurrence + 1}" if occurrence else "")
                 )
                 known = _Observed(observed.loader_key(identity, chain, batch, occurrence), label,
                                   identity)  # fmt: skip
@@ -897,6 +903,18 @@ def _one_loader(summaries: dict[int, dict[str, Any]]) -> bool:
         len({str(s.get(k)) for s in summaries.values()}) == 1
         for k in ("identity", "root_size", "batches")
     )
+
+
+def _loader_label(part: Any) -> str | None:
+    """The one label (:data:`~rngaudit.capture.naming.LOADERS`) of the loader whose sampler
+    chain holds ``part`` (its shard or index sampler) or whose dataset is ``part`` (a stream
+    shard): among the loaders named so far and those built in the open window."""
+    return naming.LOADERS.find(part, _holds, RECORDER.built_loaders())
+
+
+def _holds(loader: Any, part: Any) -> bool:
+    chain = sharding.loader_chain(loader)
+    return any(s is part for s in chain) or peek.attr(loader, "dataset") is part
 
 
 def _draw_summary(event: schema.Event) -> schema.SamplerDraw:
