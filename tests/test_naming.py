@@ -67,8 +67,10 @@ def test_a_loader_is_found_from_what_its_iterator_holds() -> None:
 
     names.name(seen)
     assert names.find(inner, holds, []) == "Loader#1"
-    assert names.find(other, holds, [built]) == "Loader#2"  # named now
-    assert names.loaders() == [seen, built]
+    later = Loader(inner)
+    assert names.find(other, holds, [later, built]) == "Loader#3"  # named now, in their order
+    assert names.loaders() == [seen, later, built]
+    assert names.name(later) == "Loader#2"
     assert names.find(object(), holds, [built]) is None
 
     def odd(loader: Any, part: Any) -> bool:

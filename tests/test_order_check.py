@@ -119,7 +119,15 @@ def test_store_keys_count_loaders_in_the_order_checked_not_named(report_dir: Pat
     number = [int(s.label.split("#")[1]) for s in (state_a, state_b)]
     assert number[0] + 1 == number[1]  # a seen built first
     assert _window_loaders(_report(report_dir)) == [state_a.label, state_b.label]
-    del a, b, shard_a, shard_b
+    with rngaudit.audit(report_dir=report_dir, mode="report"):
+        c = D.DataLoader(ds, batch_sampler=_shard(ds, 1)[0])
+        shard_d, _ = _shard(ds, 2)
+        d = D.DataLoader(ds, batch_sampler=shard_d)
+        _batches(d)  # checked inside the window, before c was named
+    number_c, number_d = (int(naming.LOADERS.name(x).split("#")[1]) for x in (c, d))
+    assert number_c + 1 == number_d  # still numbered in the order built
+    assert GUARD.loaders[shard_d].label == naming.LOADERS.name(d)
+    del a, b, c, d, shard_a, shard_b, shard_d
 
 
 def test_a_loader_never_seen_built_is_named_by_its_shard(report_dir: Path) -> None:

@@ -122,9 +122,13 @@ class LoaderNames:
     def find(
         self, part: Any, holds: Callable[[Any, Any], bool], candidates: list[Any]
     ) -> str | None:
-        """The label of the loader that ``holds(loader, part)``: one named already, else the
-        first of ``candidates`` (named now); None when none does."""
-        for loader in [*self.loaders(), *candidates]:
+        """The label of the loader that ``holds(loader, part)``, one named already or one of
+        ``candidates``; None when none does. The candidates (the loaders built in the open
+        window) are all named first, in their order: a loader's number never depends on which
+        loader a rank happened to iterate first."""
+        for loader in candidates:
+            self.name(loader)
+        for loader in self.loaders():
             try:
                 if loader is not part and holds(loader, part):
                     return self.name(loader)
