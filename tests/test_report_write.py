@@ -21,7 +21,9 @@ from pathlib import Path
 from rngaudit.reports import files
 real_replace = os.replace
 def stuck(src, dst, **dir_fds):  # names relative to the report directory's descriptor
-    Path(sys.argv[2]).write_text(str(Path(sys.argv[1]).parent / src))  # what the test waits for
+    part = Path(sys.argv[2] + ".part")  # the test waits for the file: it appears whole
+    part.write_text(str(Path(sys.argv[1]).parent / src))
+    real_replace(part, sys.argv[2])
     threading.Event().wait()
 files.os.replace = stuck
 files.write_json(Path(sys.argv[1]), {"big": "x" * 100000})
