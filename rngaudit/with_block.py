@@ -220,7 +220,8 @@ def _keep_until_started(monitor: Any, built: list[Any], already: weakref.WeakSet
     def done(loader: Any = None) -> None:
         if loader is not None:
             waiting.discard(loader)
-        if not waiting:
+        # the live ones: a loader's finalizer can run before the WeakSet drops it
+        if not any(True for _ in waiting):
             monitor.on_start = None
             monitor.uninstall()
 

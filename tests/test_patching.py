@@ -65,6 +65,63 @@ def test_a_ledger_undoes_wraps_sets_marks_hooks_and_callbacks_last_first() -> No
     assert len(ledger) == 0
 
 
+def test_a_kept_plan_reuses_its_wrappers_and_wraps_what_replaced_an_original() -> None:
+    class Owner:
+        @staticmethod
+        def f() -> int:
+            return 1
+
+    module = types.SimpleNamespace(g=lambda: 10)
+    built: list[int] = []
+
+    def build(plan: patching.Plan) -> None:
+        built.append(1)
+        plan.wrap(Owner, "f", lambda wrapped, instance, args, kw: wrapped() + 1)
+        plan.wrap(module, "g", lambda wrapped, instance, args, kw: wrapped() + 1)
+
+    ledger = PatchSet()
+    static_f, original_g = vars(Owner)["f"], module.g
+    ledger.apply("k", build)
+    first = (vars(Owner)["f"], module.g)
+    assert Owner.f() == 2 and module.g() == 11
+    entries = ledger.entries()
+    assert [e.kind for e in entries] == [ATTR, ATTR]
+    ledger.undo()
+    assert vars(Owner)["f"] is static_f and module.g is original_g
+    ledger.apply("k", build)  # the same wrapper objects, swapped in again
+    assert (vars(Owner)["f"], module.g) == first and built == [1]
+    ledger.undo()
+    module.g = lambda: 20  # replaced between windows: the plan wraps the new one
+    ledger.apply("k", build)
+    assert module.g() == 21 and module.g is not first[1] and Owner.f() == 2
+    replaced = ledger.entries()
+    ledger.undo()
+    assert module.g() == 20
+    assert_restored(entries[:1] + replaced)
+    ledger.apply("k", build, guard=object())  # for another object: planned again
+    assert built == [1, 1]
+    ledger.undo()
+    assert vars(Owner)["f"] is static_f and module.g() == 20
+
+
+def test_a_function_replaced_between_windows_is_wrapped_as_it_is_then(
+    report_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import random
+
+    with rngaudit.audit(report_dir=report_dir, mode="report"):
+        random.random()
+    mine = random.Random(5).random
+    monkeypatch.setattr(random, "random", mine)
+    with rngaudit.audit(report_dir=report_dir, mode="report") as second:
+        assert random.random is not mine
+        value = random.random()
+    assert random.random is mine and value == random.Random(5).random()
+    assert second.report is not None
+    ops = [e["op"] for r in second.report.ranks for e in r["events"]]
+    assert "random.random" in ops
+
+
 def test_the_import_router_calls_only_ledgers_still_holding_the_hook(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

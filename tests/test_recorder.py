@@ -158,6 +158,27 @@ def test_stdlib_private_generators_are_not_recorded(report_dir: Path) -> None:
     assert not [e for e in events_of(a) if e["generator"].startswith("random.Random")]
 
 
+def test_the_stdlib_caller_check_before_the_walk_says_what_the_walk_says() -> None:
+    import sys
+
+    from rngaudit.capture import callsite
+
+    frames: list[Any] = []
+
+    def hook(obj: Any) -> Any:
+        frames.append(sys._getframe())
+        return obj
+
+    json.loads('{"a": 1}', object_hook=hook)  # called from json's (stdlib) decoder
+    frame = frames[0]
+    seen = []
+    while frame is not None:
+        seen.append(callsite.stdlib_caller(frame))
+        assert seen[-1] == callsite.walk(frame).stdlib_caller, frame.f_code.co_filename
+        frame = frame.f_back
+    assert seen[0] is False and seen[1] is True  # this test's line; the decoder's
+
+
 def test_nested_audits_each_get_their_own_window(report_dir: Path) -> None:
     with rngaudit.audit(report_dir=report_dir) as outer:
         torch.rand(1)  # outer-draw

@@ -79,3 +79,23 @@ def test_workers_of_a_loader_prepared_in_the_block_are_checked_after_it(report_d
     assert dup and dup[0]["severity"] == "error"
     # once the block's loader has started its workers, the check is gone
     assert dataloader._MultiProcessingDataLoaderIter.__init__ is original
+
+
+def test_the_worker_check_kept_for_a_loader_dropped_unstarted_is_removed(report_dir: Path) -> None:
+    """A loader with workers built in the block and never iterated keeps the check only while
+    it lives: once collected, nothing of the check is left (also when its finalizer runs
+    before the set of waiting loaders forgets it)."""
+    import gc
+
+    from torch.utils.data import dataloader
+
+    from rngaudit.workers import monitor
+
+    original = dataloader._MultiProcessingDataLoaderIter.__init__
+    with rngaudit.audit(report_dir=report_dir, mode="report"):
+        loader = DataLoader(OwnedDataset("numpy"), batch_size=2, num_workers=2)
+    assert dataloader._MultiProcessingDataLoaderIter.__init__ is not original  # waiting for it
+    del loader
+    gc.collect()
+    assert dataloader._MultiProcessingDataLoaderIter.__init__ is original
+    assert len(monitor.PATCHES) == 0 and not monitor._active

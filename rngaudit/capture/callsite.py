@@ -200,6 +200,25 @@ def walk(frame: FrameType | None, max_depth: int = 80) -> Stack:
     )
 
 
+def stdlib_caller(frame: FrameType | None, max_depth: int = 80) -> bool:
+    """``walk(frame).stdlib_caller``, read from the first caller outside rngaudit and
+    random.py without walking further (the stdlib's private instances draw from deep stacks:
+    tempfile names a multiprocessing queue's semaphores)."""
+    depth = 0
+    classes = _classes
+    while frame is not None and depth < max_depth:
+        depth += 1
+        code = frame.f_code
+        filename = code.co_filename
+        kind = classes.get(filename)
+        if kind is None:
+            kind = classify(filename)
+        if kind != RNGAUDIT and not filename.endswith(_RANDOM_PY):
+            return kind == STDLIB or (kind == LIBRARY and code.co_name == "<module>")
+        frame = frame.f_back
+    return False
+
+
 def lines_to_user(frame: FrameType | None, op: Any, gen: Any) -> tuple[Any, ...] | None:
     """``(op, gen)`` + (id(code), instruction offset) of each frame from ``frame`` out to the
     first user frame, when every one of them is library or user code and none is marked (at

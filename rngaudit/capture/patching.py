@@ -38,11 +38,28 @@ class Entry:
     codes: tuple[CodeType, ...] = field(default=())
 
 
+class Plan:
+    """Wraps made once per process and re-applied at each window by :meth:`PatchSet.apply`:
+    the wrapt objects and their ledger entries are kept between windows (swapping them in
+    and out is what a window pays). One whose owner no longer holds what it wrapped (replaced
+    since, by the user or another library) is made again around what the owner holds now."""
+
+    def __init__(self, guard: Any) -> None:
+        self.guard = guard  # the object the wrappers were made for (the plan is made again
+        # when the caller's is another)
+        self.items: list[list[Any]] = []  # [entry, wrapper object, what it wraps, wrapper]
+
+    def wrap(self, owner: Any, name: str, wrapper: Wrapper) -> None:
+        """Plan to replace ``owner.name`` as :meth:`PatchSet.wrap` does."""
+        self.items.append(_made(owner, name, wrapper))
+
+
 class PatchSet:
     """Changes made together and undone together, last first (one ledger per owner of changes)."""
 
     def __init__(self) -> None:
         self._applied: list[Entry] = []
+        self._plans: dict[str, Plan] = {}  # kept between windows (see apply)
 
     # -- what can be recorded --------------------------------------------------------------
     def wrap(self, owner: Any, name: str, wrapper: Wrapper) -> None:
@@ -51,6 +68,27 @@ class PatchSet:
         # On a class, wrap what its __dict__ holds (keeps staticmethod/classmethod intact).
         target = own if isinstance(owner, type) and own is not MISSING else getattr(owner, name)
         self._replace(owner, name, own, wrapt.FunctionWrapper(target, wrapper))
+
+    def apply(self, key: str, build: Callable[[Plan], None], guard: Any = None) -> None:
+        """Make the wraps of the plan kept under ``key`` (``build(plan)`` plans them the first
+        time, and again when ``guard`` is not the object it was built for); each is recorded
+        and undone like a :meth:`wrap`."""
+        plan = self._plans.get(key)
+        if plan is None or plan.guard is not guard:
+            plan = Plan(guard)
+            build(plan)
+            self._plans[key] = plan
+        applied = self._applied
+        for item in plan.items:
+            entry = item[0]
+            owner, name = entry.owner, entry.name
+            own = _own(owner, name)
+            inherited = own is MISSING and getattr(owner, name) is not item[2]
+            if own is not entry.original or inherited:  # replaced since: wrap what is there now
+                item[:] = _made(owner, name, item[3])
+                entry = item[0]
+            setattr(owner, name, item[1])
+            applied.append(entry)
 
     def wrap_path(self, module: Any, path: str, wrapper: Wrapper) -> Any:
         """Wrap the attribute at dotted ``path`` in ``module`` (wrapt's ``resolve_path``
@@ -119,6 +157,12 @@ class PatchSet:
     def _replace(self, owner: Any, name: str, own: Any, value: Any) -> None:
         setattr(owner, name, value)
         self._applied.append(Entry(ATTR, owner, name, own))
+
+
+def _made(owner: Any, name: str, wrapper: Wrapper) -> list[Any]:
+    own = _own(owner, name)
+    target = own if isinstance(owner, type) and own is not MISSING else getattr(owner, name)
+    return [Entry(ATTR, owner, name, own), wrapt.FunctionWrapper(target, wrapper), target, wrapper]
 
 
 def _own(owner: Any, name: str) -> Any:

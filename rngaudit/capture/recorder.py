@@ -261,9 +261,9 @@ class Recorder:
         that returns it (None: nothing is recorded). The repeat path takes no lock.
         ``found``, if given, gets the event counted (new or not) appended.
         """
+        if skip_stdlib_callers and callsite.stdlib_caller(frame):
+            return None  # (before the walk: such draws come from deep stacks)
         stack = callsite.walk(frame)
-        if skip_stdlib_callers and stack.stdlib_caller:
-            return None
         resolved = generator if generator.__class__ is tuple else generator(stack)  # type: ignore[operator]
         if resolved is None:
             return None

@@ -134,8 +134,9 @@ class _Groups:
 
     def __init__(self, records: list[RankRecord]) -> None:
         by_sig: dict[str, list[RankRecord]] = {}
-        for r in records:
-            by_sig.setdefault(str(r.get("signature") or signature(r)), []).append(r)
+        for r in records:  # (one record alone is its group: no signature needed)
+            sig = r.get("signature") or (signature(r) if len(records) > 1 else "")
+            by_sig.setdefault(str(sig), []).append(r)
         self.representatives = [group[0] for group in by_sig.values()]
         self.members = {
             int(group[0]["rank"]): sorted(int(r["rank"]) for r in group)

@@ -202,7 +202,8 @@ class Session:
             record = merge_deferred([rec for _, _, rec in pending], record, index)
         self.identify()
         record = {**record, "rank": self.rank, "run_id": self.run_id, "audit_index": index}
-        record["signature"] = rules.signature(record)  # lets compare() group equal ranks
+        if exchange.distributed() is not None:  # lets compare() group equal ranks
+            record["signature"] = rules.signature(record)
         declared = self.mode + ("+strict" if how.strict else "")
         result = self._exchange(record, label, declared, how)
         if where is not None:  # after destroy_process_group(): keep the world size known
@@ -420,8 +421,14 @@ class Session:
             self.identify()
             if not self.settled():
                 return  # written once the rank and the run id are known (the next write)
+            # What is written is this moment's report: its lists and each rank's record are
+            # copied now, under the lock (what was filed is not changed later, only added
+            # to); building the documents and encoding them is the job's (the writer's).
             merged = self.report()
-            own = self.records.get(self.rank, {"rank": self.rank, "events": [], "states": {}})
+            merged.ranks = [_frozen(record) for record in merged.ranks]
+            own = next((r for r in merged.ranks if r["rank"] == self.rank), None)
+            if own is None:
+                own = {"rank": self.rank, "events": [], "states": {}}
             rank_doc: schema.RankFileDict = {
                 "schema_version": SCHEMA_VERSION,
                 "run_id": self.run_id,
@@ -429,19 +436,19 @@ class Session:
                 "rank": self.rank,
                 "mode": self.mode,
                 "verdict": merged.verdict,
-                "audits": list(self.audits),
-                "findings": [f.to_dict() for f in self.findings],
+                "audits": merged.audits,
+                "findings": [],  # (merged.findings', encoded by the job)
                 "record": own,
             }
-            # Encoded now, under the lock: what is written is this moment's report.
-            rank_text = files.encode(rank_doc)
-            merged_text = files.encode(merged.to_dict()) if self.rank == 0 else None
             report_dir, run_id, rank = self.report_dir, self.run_id, self.rank
             set_aside = self._set_aside_for != run_id
             self._set_aside_for = run_id
             target = self.target
 
             def job() -> None:
+                rank_doc["findings"] = [f.to_dict() for f in merged.findings]
+                rank_text = files.encode(rank_doc)
+                merged_text = files.encode(merged.to_dict()) if rank == 0 else None
                 if set_aside:
                     files.set_aside(report_dir, run_id)
                     target.claimed = True
@@ -465,6 +472,11 @@ class Session:
                     RNGAuditWarning,
                     stacklevel=2,
                 )
+
+
+def _frozen(record: schema.RankRecord) -> schema.RankRecord:
+    """A filed record as it is now (its event and loader lists grow with later audits)."""
+    return {**record, "events": list(record["events"]), "loaders": list(record["loaders"])}
 
 
 def _read_window(

@@ -60,9 +60,9 @@ class DrawRecorder(Recorder):
             return None
         if kind not in (DRAW, CREATE):
             return None
-        stack = callsite.walk(frame)
-        if skip_stdlib_callers and stack.stdlib_caller:
+        if skip_stdlib_callers and callsite.stdlib_caller(frame):
             return None
+        stack = callsite.walk(frame)
         resolved = generator if generator.__class__ is tuple else generator(stack)  # type: ignore[operator]
         if resolved is None:
             return None

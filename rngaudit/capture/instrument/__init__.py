@@ -26,6 +26,7 @@ class Instrumentation:
     def __init__(self, recorder: Recorder) -> None:
         self.rec = recorder
         self.done: set[str] = set()
+        self.marked: set[str] = set()  # sampler modules whose known classes are marked
 
     def install(self) -> None:
         """Instrument what is loaded now; what loads later is instrumented on import (the
@@ -58,9 +59,17 @@ class Instrumentation:
         except Exception:  # never stop the user's program over instrumentation
             log.warning("rngaudit: could not instrument %s", name, exc_info=True)
 
-    def _samplers(self) -> None:
+    def _samplers(self, name: str | None = None) -> None:
+        """Wrap the loader classes and mark the known samplers of ``name`` (default: of every
+        known module imported), each module once per window."""
+        names = [name] if name is not None else list(instrument_samplers.KNOWN)
+        fresh = [n for n in names if n not in self.marked and n in sys.modules]
+        if not fresh:
+            return
+        self.marked.update(fresh)
         instrument_loaders.install(self.rec)
-        self.rec.patches.mark(instrument_samplers.mark_imported())
+        for module in fresh:
+            self.rec.patches.mark(instrument_samplers.mark_module(module))
 
     def on_import(self, name: str) -> None:
         with _lock:
@@ -69,7 +78,7 @@ class Instrumentation:
             elif name == "torch":
                 self._part("torch")
             else:
-                self._samplers()
+                self._samplers(name)
 
 
 def install(recorder: Recorder) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 from rngaudit.capture import fingerprint, naming
 from rngaudit.capture.callsite import Stack
 from rngaudit.capture.event_log import CREATE, DRAW, SEED, STATE
+from rngaudit.capture.patching import Plan
 from rngaudit.capture.recorder import GenInfo, Recorder
 
 DRAWS = (
@@ -36,18 +37,20 @@ class NumpyInstrumentation:
         # importlib, not `import numpy.random as npr`: inside numpy's own lazy import of
         # numpy.random (a post-import hook) the parent attribute is not bound yet.
         npr = importlib.import_module("numpy.random")
-
-        rec = self.rec
         glob = npr.mtrand._rand
 
-        def resolve(stack: Stack) -> GenInfo | None:
-            return naming.NUMPY_GLOBAL, lambda: fingerprint.numpy_random_state(glob)
+        def plan(plan: Plan) -> None:
+            def resolve(stack: Stack) -> GenInfo | None:
+                return naming.NUMPY_GLOBAL, lambda: fingerprint.numpy_random_state(glob)
 
-        for name in (*DRAWS, *STATE_OPS):
-            if hasattr(npr, name):
-                kind = STATE_OPS.get(name, DRAW)
-                rec.patches.wrap(npr, name, self._wrapper(resolve, f"numpy.random.{name}", kind))
-        rec.patches.wrap(npr, "default_rng", self._creation_wrapper())
+            for name in (*DRAWS, *STATE_OPS):
+                if hasattr(npr, name):
+                    kind = STATE_OPS.get(name, DRAW)
+                    plan.wrap(npr, name, self._wrapper(resolve, f"numpy.random.{name}", kind))
+            plan.wrap(npr, "default_rng", self._creation_wrapper())
+
+        # made once per recorder (see PatchSet.apply), for this global RandomState
+        self.rec.patches.apply("numpy", plan, guard=glob)
 
     def _wrapper(self, resolve: Callable[[Stack], GenInfo | None], op: str, kind: str) -> Any:
         rec = self.rec

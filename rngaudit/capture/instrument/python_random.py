@@ -8,6 +8,7 @@ from typing import Any
 from rngaudit.capture import fingerprint, naming
 from rngaudit.capture.callsite import Stack
 from rngaudit.capture.event_log import DRAW, SEED, STATE
+from rngaudit.capture.patching import Plan
 from rngaudit.capture.recorder import GenInfo, Recorder
 
 DRAWS = (
@@ -44,15 +45,20 @@ class PythonInstrumentation:
         return resolve
 
     def install(self) -> None:
+        """Wrap them (the wrappers are made once per recorder, see ``PatchSet.apply``)."""
         import random
 
-        rec = self.rec
+        self.rec.patches.apply("random", self._plan, guard=random._inst)
+
+    def _plan(self, plan: Plan) -> None:
+        import random
+
         names = [n for n in (*DRAWS, *STATE_OPS) if hasattr(random.Random, n)]
         for name in names:
             op, kind = f"random.{name}", _kind(name)
             if hasattr(random, name):
-                rec.patches.wrap(random, name, self._module_wrapper(random._inst, op, kind))
-            rec.patches.wrap(random.Random, name, self._method_wrapper(op, kind))
+                plan.wrap(random, name, self._module_wrapper(random._inst, op, kind))
+            plan.wrap(random.Random, name, self._method_wrapper(op, kind))
 
     def _module_wrapper(self, rng: Any, op: str, kind: str) -> Any:
         rec = self.rec

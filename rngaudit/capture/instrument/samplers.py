@@ -93,12 +93,3 @@ def mark_objects(samplers: list[Any]) -> list[CodeType]:
                     MARKED_CODES[code] = ROLE_SAMPLER
                     marked.append(code)
     return marked
-
-
-def mark_imported() -> list[CodeType]:
-    """Mark every known module that is already imported."""
-    marked: list[CodeType] = []
-    for name in KNOWN:
-        if name in sys.modules:
-            marked.extend(mark_module(name))
-    return marked

@@ -14,6 +14,7 @@ from rngaudit.capture import callsite, fingerprint, naming
 from rngaudit.capture.callsite import Stack
 from rngaudit.capture.event_log import DRAW, SEED, STATE
 from rngaudit.capture.instrument import seeded_ops
+from rngaudit.capture.patching import Plan
 from rngaudit.capture.recorder import ROLE_LOADER, ROLE_SAMPLER, GenInfo, Recorder
 
 log = logging.getLogger("rngaudit")
@@ -444,16 +445,19 @@ class TorchInstrumentation:
 
         rec = self.rec
         self.torch = torch
-        for module_name, attr, kind in SEEDING:
-            module = sys.modules.get(module_name)  # loaded with torch (import_module: 5 µs)
-            if module is None:
-                try:
-                    module = importlib.import_module(module_name)
-                except ImportError:
-                    continue
-            if hasattr(module, attr):
-                wrapper = self._seeding_wrapper(torch, module_name, attr, kind)
-                rec.patches.wrap(module, attr, wrapper)
+
+        def plan(plan: Plan) -> None:
+            for module_name, attr, kind in SEEDING:
+                module = sys.modules.get(module_name)  # loaded with torch (import_module: 5 µs)
+                if module is None:
+                    try:
+                        module = importlib.import_module(module_name)
+                    except ImportError:
+                        continue
+                if hasattr(module, attr):
+                    plan.wrap(module, attr, self._seeding_wrapper(torch, module_name, attr, kind))
+
+        rec.patches.apply("torch", plan, guard=torch)  # made once per recorder
         keyed = keyed_kernels()
         # (a recorder of its own, a worker's DrawRecorder, gets the plain handler)
         handle = self._handler() if type(rec) is Recorder else self._handle
