@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -256,3 +257,31 @@ def test_a_first_draws_fingerprint_is_the_state_before_it(
         got = [e["fingerprint"] for e in events if e["kind"] == "draw"]
         assert got == expected[:3]
         assert [e["count"] for e in events if e["kind"] == "draw"] == [2, 2, 2]
+
+
+def test_a_draw_on_a_thread_with_no_python_frame_runs_unrecorded(
+    report_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel names its caller by the frame below it; on a thread whose first frame is
+    the kernel itself (a C++ thread running a seeded op) there is none: the op runs, the
+    user sees no error."""
+    import _thread
+    import time
+
+    keyed = instrument_torch.keyed_kernels()
+    assert keyed is not None
+    spec = keyed.specs["uniform_.default"]
+    kernel = keyed._kernel(spec)
+    raised: list[Any] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: raised.append(u.exc_value))
+    with rngaudit.audit(report_dir=report_dir, mode="report"):
+        assert keyed.handler is not None
+        before = _thread._count()
+        x = torch.zeros(3)
+        _thread.start_new_thread(kernel, (x,))  # no Python frame below the kernel
+        deadline = time.monotonic() + 30
+        while _thread._count() > before and time.monotonic() < deadline:
+            time.sleep(0.001)  # polling for the thread's end, not a fixed wait
+        assert _thread._count() == before
+    assert raised == []
+    assert bool((x != 0).all())  # it drew

@@ -139,7 +139,11 @@ class KeyedKernels:
                 handler = self.handler
                 if handler is None:
                     return op(*args, **kwargs)
-                return handler(spec, args, kwargs, _getframe(1))
+                try:
+                    caller = _getframe(1)
+                except ValueError:  # a thread with no Python frame (C++ only): nothing to name
+                    return op(*args, **kwargs)
+                return handler(spec, args, kwargs, caller)
             finally:
                 switch(key, True)
 
@@ -600,7 +604,11 @@ def _dispatch_mode(torch: Any, handle: Handler) -> Any:
                 spec = specs[func] = OpSpec(func) if seeded else None
             if spec is None or not self.active:
                 return func(*args, **kwargs)
-            return handle(spec, args, kwargs, _getframe(1))
+            try:
+                caller = _getframe(1)
+            except ValueError:  # a thread with no Python frame (C++ only): nothing to name
+                return func(*args, **kwargs)
+            return handle(spec, args, kwargs, caller)
 
     return RNGAuditMode
 
