@@ -45,13 +45,17 @@ MUST_RAISE = {  # scenario -> first corrupted epoch
     "self_sharding_rank0_eval": 1,
     "ddp_shuffled_no_sampler": 0,
 }
-# Found by the observed partition when every rank has drawn the epoch's last index batch:
-# loaders no known class shards (a sampler that shards itself, no sampler at all under DDP)
-# are never waited for at their first batch (a rank-0-only evaluation loader looks the same).
+# Found by the observed partition when every rank has drawn the epoch's last index batch.
 AT_EPOCH_END = {
+    "ds_subclass_lazy_global_shuffle",  # a warning at the first batch: its epoch is not readable
+}
+# Loaders no known class shards (a sampler that shards itself, no sampler at all under DDP) are
+# never waited for at their first batch (a rank-0-only evaluation loader looks the same): the
+# data-parallel ranks compare the epochs their samplers hold at the DDP module's first training
+# forward of the epoch, before the step.
+AT_FIRST_STEP = {
     "self_sharding_rank0_eval",
     "ddp_shuffled_no_sampler",
-    "ds_subclass_lazy_global_shuffle",  # a warning at the first batch: its epoch is not readable
 }
 MUST_STAY_CLEAN = [
     "ds_shared_seed_per_rank_global",
@@ -73,6 +77,7 @@ MUST_STAY_CLEAN = [
     "self_sharding_reseeded_after_block",
     "ddp_self_shard_per_rank_augment",
     "ddp_presharded_files",
+    "ddp_rank_part_in_getitem",
     "dispatch_batches_loader",
     "ds_drop_last",
 ]
@@ -186,6 +191,10 @@ def test_verdict_matches_the_measured_partition(
                 expected = "partition-overlap"
                 assert res["raised_at"] == f"epoch {first}", res["raised_at"]
                 assert res["items_at_raise"] == len(runs["none"][rank][scenario]["epochs"][first])
+            elif scenario in AT_FIRST_STEP:  # in the first training step's forward
+                expected = "partition-overlap"
+                assert res["raised_at"] == f"epoch {first}", res["raised_at"]
+                assert res["steps_at_raise"] == 0, res
             elif res["raised_at"] == f"epoch {first}":  # before its first batch reached the loop
                 assert res["items_at_raise"] == 0, res
             assert expected in res["kinds"], res["kinds"]
@@ -256,6 +265,26 @@ def test_the_observed_overlap_is_the_measured_one(runs: dict[str, Any], how: str
 
 
 @pytest.mark.parametrize("how", HOWS)
+@pytest.mark.parametrize("scenario", sorted(AT_FIRST_STEP))
+def test_unsharded_loaders_raise_before_the_first_training_step(
+    runs: dict[str, Any], how: str, scenario: str
+) -> None:
+    """The corrupted epoch is raised in the DDP module's first training forward on it: every
+    rank got its first batch, and no rank completed a step on it (without rngaudit, each rank
+    completes every step of that epoch: the truth)."""
+    first = _truth(runs, scenario).index(True)
+    for rank in range(NPROC):
+        plain = runs["none"][rank][scenario]
+        assert plain["steps"][first] > 0 and len(plain["epochs"][first]) > 0
+        res = runs[how][rank][scenario]
+        assert res["raised_at"] == f"epoch {first}", res
+        assert res["steps_at_raise"] == 0, res  # no training step on the corrupted epoch
+        assert res["steps"] == plain["steps"][:first]  # the epochs before: every step
+        assert 0 < res["items_at_raise"] < len(plain["epochs"][first])  # its first batch only
+        assert "read before the first training step of the epoch" in res["message"]
+
+
+@pytest.mark.parametrize("how", HOWS)
 def test_a_rank0_only_loader_is_never_waited_for(runs: dict[str, Any], how: str) -> None:
     """The evaluation loader rank 0 alone iterates between epochs is never compared or waited
     for (the training loader every rank iterates is waited for at an epoch's end when every
@@ -265,7 +294,7 @@ def test_a_rank0_only_loader_is_never_waited_for(runs: dict[str, Any], how: str)
             waited = runs[how][rank][scenario]["waited"]
             assert not any(k.startswith("DataLoader over Items(len=8)") for k in waited), waited
     waited = [runs[how][r]["self_sharding_rank0_eval"]["waited"] for r in range(NPROC)]
-    assert any(waited), waited  # the training loader's epoch 1: every rank iterated it before
+    assert any(waited), waited  # the training loader's epoch 0: every rank announced it
     assert not runs[how][0]["self_sharding_rank0_eval_own_generator"]["raised"]
 
 

@@ -701,6 +701,29 @@ def ddp_shuffled_no_sampler(ctx: Ctx) -> Plan:
     return _no_sampler(ctx, True)
 
 
+class RankPart(Dataset[int]):
+    """A dataset that picks its part by rank inside ``__getitem__`` (nothing on the object names
+    the rank): every rank draws the same indices, each reads samples of its own."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n // dist.get_world_size()
+
+    def __getitem__(self, i: int) -> int:
+        return i * dist.get_world_size() + dist.get_rank()
+
+
+def ddp_rank_part_in_getitem(ctx: Ctx) -> Plan:
+    """DDP, a shuffled loader with no sampler, identical seeds, over a dataset that picks the
+    rank's part in ``__getitem__``: the same indices, disjoint samples (intact)."""
+    seed_all(0)
+    model = _ddp_model()
+    loader = ctx.audited(lambda: DataLoader(RankPart(N), batch_size=4, shuffle=True))
+    return Plan(loader, epochs=2, step=_ddp_step(model), keep=model)
+
+
 def tp_group_same_batch(ctx: Ctx) -> Plan:
     """No data-parallel module: a tensor-parallel-style group whose ranks are meant to see
     the same batch (identical seeds, no sampler): intended, never an error."""
@@ -867,6 +890,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("self_sharding_reseeded_after_block", self_sharding_reseeded_after_block, True),
         Scenario("ddp_shuffled_no_sampler", ddp_shuffled_no_sampler, True),
         Scenario("tp_group_same_batch", tp_group_same_batch, True),
+        Scenario("ddp_rank_part_in_getitem", ddp_rank_part_in_getitem, True),
         Scenario("ddp_self_shard_per_rank_augment", ddp_self_shard_per_rank_augment, True),
         Scenario("ddp_presharded_files", ddp_presharded_files, True),
         Scenario("ddp_with_replacement", ddp_with_replacement, True),
@@ -895,10 +919,11 @@ def _items(batch: Any) -> list[int]:
 
 
 def run_one(sc: Scenario, ctx: Ctx) -> dict[str, Any]:
-    out: dict[str, Any] = {"epochs": [], "raised": False, "raised_at": None}
+    out: dict[str, Any] = {"epochs": [], "steps": [], "raised": False, "raised_at": None}
     ctx.every_epoch = sc.every_epoch
     stage = "set-up"
     items: list[int] = []
+    steps = 0  # training steps completed in the current epoch
     observed = sys.modules.get("rngaudit.epochs.observed")  # the epochs a rank waited for
     waited_before = dict(observed.WAITED) if observed is not None else {}
     try:
@@ -907,12 +932,14 @@ def run_one(sc: Scenario, ctx: Ctx) -> dict[str, Any]:
             stage = f"epoch {epoch}"
             if plan.before_epoch is not None:
                 plan.before_epoch(epoch)
-            items = []
+            items, steps = [], 0
             for batch in plan.loader:
                 items.extend(_items(batch))
                 if plan.step is not None:
                     plan.step(batch)
+                    steps += 1
             out["epochs"].append(items)
+            out["steps"].append(steps)
             if plan.after_epoch is not None:
                 plan.after_epoch(epoch)
     except Exception as exc:
@@ -923,6 +950,7 @@ def run_one(sc: Scenario, ctx: Ctx) -> dict[str, Any]:
             raised=True,
             raised_at=stage,
             items_at_raise=len(items),  # of the raising epoch, handed to the loop before it
+            steps_at_raise=steps,  # of the raising epoch, completed before it
             error_type=type(exc).__name__,
             message=str(exc),
             kinds=sorted({f.kind for f in report.findings}) if report is not None else [],
