@@ -285,6 +285,20 @@ def test_unsharded_loaders_raise_before_the_first_training_step(
 
 
 @pytest.mark.parametrize("how", HOWS)
+def test_nothing_stays_on_the_forward_path(runs: dict[str, Any], how: str) -> None:
+    """The first-step comparison's pre-hook is removed once it fired: after training, the DDP
+    models of the intact scenarios carry no forward pre-hook (nor did they unaudited)."""
+    ddp = [
+        n for n in [*MUST_STAY_CLEAN, *INTENDED_OVERLAP] if "forward_pre_hooks" in runs[how][0][n]
+    ]
+    assert {"ddp_presharded_files", "self_sharding_rank0_eval_own_generator"} <= set(ddp)
+    for scenario in ddp:
+        for rank in range(NPROC):
+            assert runs[how][rank][scenario]["forward_pre_hooks"] == 0, (scenario, rank)
+            assert runs["none"][rank][scenario]["forward_pre_hooks"] == 0
+
+
+@pytest.mark.parametrize("how", HOWS)
 def test_a_rank0_only_loader_is_never_waited_for(runs: dict[str, Any], how: str) -> None:
     """The evaluation loader rank 0 alone iterates between epochs is never compared or waited
     for (the training loader every rank iterates is waited for at an epoch's end when every

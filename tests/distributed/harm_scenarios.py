@@ -926,6 +926,7 @@ def run_one(sc: Scenario, ctx: Ctx) -> dict[str, Any]:
     steps = 0  # training steps completed in the current epoch
     observed = sys.modules.get("rngaudit.epochs.observed")  # the epochs a rank waited for
     waited_before = dict(observed.WAITED) if observed is not None else {}
+    plan = None
     try:
         plan = sc.build(ctx)
         for epoch in range(plan.epochs):
@@ -955,6 +956,9 @@ def run_one(sc: Scenario, ctx: Ctx) -> dict[str, Any]:
             message=str(exc),
             kinds=sorted({f.kind for f in report.findings}) if report is not None else [],
         )
+    hooks = getattr(plan.keep if plan is not None else None, "_forward_pre_hooks", None)
+    if hooks is not None:  # what is left on the DDP model's forward path after training
+        out["forward_pre_hooks"] = len(hooks)
     observed = sys.modules.get("rngaudit.epochs.observed")
     if observed is not None:
         out["waited"] = {
