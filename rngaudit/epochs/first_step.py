@@ -6,10 +6,10 @@ forward of their ``DistributedDataParallel`` / FSDP module, so that is where the
 an observed epoch has started and not been compared, a one-shot forward pre-hook is armed on
 the data-parallel modules (removed when it fires: nothing of rngaudit stays on the per-forward
 path). At the module's next forward in training mode with gradients enabled, each rank of its
-group publishes the epochs it started (their first index batch, its content's digest and the
-whole epoch when it could be read ahead) and waits for the others (a timeout is a warning, and
-ends these rendezvous for that group); the epochs every rank is still drawing are compared,
-the others (one rank's evaluation loader) are not.
+group publishes the epochs it started and is still drawing (their first index batch, its
+content's digest and the whole epoch when it could be read ahead) and, when it has any, waits
+for the others (a timeout is a warning, and ends these rendezvous for that group); the epochs
+every rank published are compared, the others (one rank's evaluation loader) are not.
 
 Every rank must fire at the same forward: a module is armed from when it is noted until its
 first training forward (every rank builds it and trains it), and then again only when an epoch
@@ -156,16 +156,17 @@ def _rendezvous(module: Any) -> None:
         base = f"{observed.PREFIX}/step/{key}/{n}"
         store.set(f"{base}/{rank}", exchange.encode({"epochs": [s.record for s in mine]}))
         keys = [f"{base}/{r}" for r in ranks]
+        if not mine:  # nothing of its own to compare: its (empty) record is all the others need
+            if store.add(f"{base}/read", 1) == len(ranks):
+                exchange._delete(store, [*keys, f"{base}/read"])
+            return
         observed._wait(store, keys, timeout)
         arrived = [r for r, k in zip(ranks, keys, strict=True) if store.check([k])]
         if len(arrived) < len(ranks):
             with _lock:
                 _given_up.add(key)
             missing = [r for r in ranks if r not in arrived]
-            if mine:
-                mine[0].guard._warn_first(mine[0].epoch, missing, arrived, timeout)
-            else:
-                log.warning("rngaudit: ranks %s did not reach the first training step", missing)
+            mine[0].guard._warn_first(mine[0].epoch, missing, arrived, timeout)
             return
         payloads = exchange._get_all(store, keys)
         if store.add(f"{base}/read", 1) == len(ranks):
