@@ -527,14 +527,15 @@ class EpochGuard:
         try:
             _, _, epoch, known, training = tape.context
             _arm_modules()
+            if len(observed._FOUND) == 0:
+                return  # no data-parallel module: no training forward every rank is known to make
             summary: dict[str, Any] = {"known": False}
             indices = ahead.epoch_indices(source, batch, peek.attr(iterator, "_index_sampler"))
             if indices is not None:
-                whole = partition.Tape(tape.maps, tape.root_size)
-                whole.take([indices.tolist()])
-                summary = dict(whole.summary(), identity=known.identity, training=training)
                 size = len(batch) if isinstance(batch, list) else 1
-                summary["batches"] = -(-len(indices) // max(1, size))
+                whole = partition.Tape(tape.maps, tape.root_size)
+                whole.take_indices(indices, -(-len(indices) // max(1, size)))
+                summary = dict(whole.summary(), identity=known.identity, training=training)
             record = {
                 "key": epoch.key,
                 "epoch": epoch.epoch,
