@@ -43,6 +43,7 @@ MUST_RAISE = {  # scenario -> first corrupted epoch
     "spawn_style_shards_per_rank_seed": 0,
     "hf_stream_shuffle_seed_per_rank": 0,
     "self_sharding_rank0_eval": 1,
+    "self_sharding_lazy_rank0_eval": 1,
     "ddp_shuffled_no_sampler": 0,
 }
 # Found by the observed partition when every rank has drawn the epoch's last index batch.
@@ -56,6 +57,7 @@ AT_EPOCH_END = {
 AT_FIRST_STEP = {
     "self_sharding_rank0_eval",
     "ddp_shuffled_no_sampler",
+    "self_sharding_lazy_rank0_eval",  # by its first batches: the rest is not readable ahead
 }
 MUST_STAY_CLEAN = [
     "ds_shared_seed_per_rank_global",
@@ -281,7 +283,22 @@ def test_unsharded_loaders_raise_before_the_first_training_step(
         assert res["steps_at_raise"] == 0, res  # no training step on the corrupted epoch
         assert res["steps"] == plain["steps"][:first]  # the epochs before: every step
         assert 0 < res["items_at_raise"] < len(plain["epochs"][first])  # its first batch only
-        assert "read before the first training step of the epoch" in res["message"]
+        assert "before the first training step" in res["message"]
+
+
+@pytest.mark.parametrize("how", HOWS)
+def test_a_lazy_samplers_first_batches_are_the_measured_ones(
+    runs: dict[str, Any], how: str
+) -> None:
+    """A sampler that yields lazily cannot be read ahead: its first batches, which a partition
+    would keep disjoint, share the samples measured without rngaudit."""
+    scenario = "self_sharding_lazy_rank0_eval"
+    firsts = [set(runs["none"][r][scenario]["epochs"][1][:8]) for r in range(NPROC)]
+    shared = len(firsts[0] & firsts[1])
+    assert shared > NPROC - 1  # the claim, measured: more than padding could explain
+    message = runs[how][0][scenario]["message"]
+    assert f"the first batches the ranks are about to train on share {shared} samples" in message
+    assert "its sampler yields lazily" in message
 
 
 @pytest.mark.parametrize("how", HOWS)

@@ -540,6 +540,7 @@ class EpochGuard:
                 "key": epoch.key,
                 "epoch": epoch.epoch,
                 "first": _roots(tape, batch),
+                "root_size": tape.root_size,
                 "ahead": summary,
                 "training": training,
             }
@@ -556,14 +557,19 @@ class EpochGuard:
             if order_rules.unlike_content(published):
                 return
             summaries = {r: p.get("ahead") or {} for r, p in published.items()}
-            if not _one_loader(summaries):
+            if _one_loader(summaries):
+                finding, exact = order_rules.observed_overlap(
+                    summaries, epoch.label, epoch.chain, epoch.epoch,
+                    epoch.key in self.partitioned, True, ahead=True,
+                )  # fmt: skip
+                if exact:
+                    self.partitioned.add(epoch.key)
+            elif epoch.key in self.partitioned:  # read lazily: its first batches are evidence
+                finding = order_rules.first_batches_overlap(
+                    _first_batches(published), epoch.label, epoch.chain, epoch.epoch
+                )
+            else:
                 return
-            finding, exact = order_rules.observed_overlap(
-                summaries, epoch.label, epoch.chain, epoch.epoch,
-                epoch.key in self.partitioned, True, ahead=True,
-            )  # fmt: skip
-            if exact:
-                self.partitioned.add(epoch.key)
             if finding is not None:
                 found.append(finding)
                 first_step.DECIDED.add((epoch.key, epoch.epoch))
@@ -986,6 +992,19 @@ def _roots(tape: partition.Tape, batch: Any) -> list[int] | None:
         return [int(i) for i in idx.tolist()]
     except Exception:
         return None
+
+
+def _first_batches(published: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Each rank's first batch as a partition summary (unknown where it was not read)."""
+    out: dict[int, dict[str, Any]] = {}
+    for rank, record in published.items():
+        first, size = record.get("first"), record.get("root_size")
+        out[rank] = {"known": False}
+        if isinstance(first, list) and isinstance(size, int) and first:
+            tape = partition.Tape([], size)
+            tape.take([first])
+            out[rank] = tape.summary()
+    return out
 
 
 def _arm_modules() -> None:

@@ -574,3 +574,40 @@ def unlike_content(summaries: dict[int, dict[str, Any]]) -> bool:
         and all(isinstance(c, str) for c in contents)
         and len(set(contents)) > 1
     )
+
+
+def first_batches_overlap(
+    summaries: dict[int, dict[str, Any]], loader: str, chain: str, epoch: int
+) -> Finding | None:
+    """An error when the first batches the ranks are about to train on (root samples) overlap
+    beyond padding, for a loader an earlier epoch of which partitioned the data exactly: a
+    partition never hands one sample to two ranks, so the ranks now shard different orders.
+    Used where the rest of the epoch cannot be read ahead (a sampler that yields lazily)."""
+    world = len(summaries)
+    seen = partition.overlap(summaries)
+    if seen is None or not beyond_padding(seen, world):
+        return None
+    firsts = ", ".join(f"rank {r}: {n}" for r, n in sorted(seen["per_rank"].items()))
+    message = (
+        f"In epoch {epoch} of {loader} ({chain}, sharded by no DistributedSampler) the first "
+        f"batches the ranks are about to train on share {seen['shared']} samples ({firsts} "
+        "distinct samples each). An earlier epoch of this loader partitioned the data exactly, "
+        "and a partition never hands one sample to two ranks: the ranks now take their shares "
+        "of different orders, and this epoch duplicates some samples and drops others. Found "
+        "before the first training step, from each rank's first batch (its sampler yields "
+        "lazily: the rest of the epoch cannot be read ahead)."
+    )
+    return Finding(
+        kind=fk.PARTITION_OVERLAP,
+        severity="error",
+        message=message,
+        ranks=sorted(summaries),
+        remedy=DUPLICATION_REMEDY,
+        details={
+            "loader": loader,
+            "epoch": epoch,
+            "check": "observed-first-batches",
+            "shared": seen["shared"],
+            "per_rank": {str(r): n for r, n in seen["per_rank"].items()},
+        },
+    )

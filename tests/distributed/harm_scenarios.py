@@ -634,6 +634,15 @@ class RankShardSampler(Sampler[int]):
         yield from perm[self.rank :: self.world].tolist()
 
 
+class LazyRankShardSampler(RankShardSampler):
+    """The same, yielding each index as it is asked for: its epoch cannot be read ahead."""
+
+    def __iter__(self) -> Iterator[int]:
+        perm = torch.randperm(self.n, generator=self.generator)
+        for i in perm[self.rank :: self.world].tolist():
+            yield int(i)  # one at a time: nothing holds the rest of the epoch
+
+
 def _ddp_step(model: Any) -> Callable[[Any], None]:
     def step(batch: Any) -> None:
         x = torch.as_tensor(_items(batch), dtype=torch.float32).view(-1, 1)
@@ -647,12 +656,15 @@ def _ddp_model() -> Any:
     return torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1))
 
 
-def _self_sharding(ctx: Ctx, evaluator: int | None, global_draws: bool, n: int = N) -> Plan:
+def _self_sharding(
+    ctx: Ctx, evaluator: int | None, global_draws: bool, n: int = N, lazy: bool = False
+) -> Plan:
     model = _ddp_model()  # the ranks step together (accelerate's DDP, in lerobot)
     seed_all(42)
     ds = Items(n)
-    sampler = RankShardSampler(n, ctx.rank, ctx.world)
-    loader = ctx.audited(lambda: DataLoader(ds, batch_size=2, sampler=sampler))
+    sampler = (LazyRankShardSampler if lazy else RankShardSampler)(n, ctx.rank, ctx.world)
+    batch = 8 if lazy else 2
+    loader = ctx.audited(lambda: DataLoader(ds, batch_size=batch, sampler=sampler))
     # every iteration of a DataLoader draws its workers' base seed from its generator: the
     # global one unless it has its own
     own = None if global_draws else torch.Generator().manual_seed(1)
@@ -671,6 +683,12 @@ def self_sharding_rank0_eval(ctx: Ctx) -> Plan:
     evaluation loader after epoch 0 (its RandomSampler draws its seed from the global
     generator): epoch 1's permutations differ across ranks."""
     return _self_sharding(ctx, 0, True)
+
+
+def self_sharding_lazy_rank0_eval(ctx: Ctx) -> Plan:
+    """The same harm, the sampler yielding lazily (batches of 8): only each rank's first batch
+    is known before the first training step of epoch 1."""
+    return _self_sharding(ctx, 0, True, lazy=True)
 
 
 def self_sharding_rank0_eval_own_generator(ctx: Ctx) -> Plan:
@@ -884,6 +902,7 @@ SCENARIOS: dict[str, Scenario] = {
             "hf_stream_split_by_shards_seed_per_rank", hf_stream_split_by_shards_seed_per_rank
         ),
         Scenario("self_sharding_rank0_eval", self_sharding_rank0_eval, True),
+        Scenario("self_sharding_lazy_rank0_eval", self_sharding_lazy_rank0_eval, True),
         Scenario(
             "self_sharding_rank0_eval_own_generator", self_sharding_rank0_eval_own_generator, True
         ),
