@@ -29,7 +29,7 @@ from typing import Any
 from rngaudit import forksafe
 from rngaudit.capture.recorder import RECORDER
 from rngaudit.config import DEFAULT_TIMEOUT
-from rngaudit.epochs import observed
+from rngaudit.epochs import ahead, observed
 from rngaudit.ranks import exchange
 
 log = logging.getLogger("rngaudit")
@@ -107,8 +107,6 @@ def started(item: Started) -> None:
 
 def content(tape: Any, batch: Any) -> None:
     """The epoch's first batch as the loop receives it: its content digested (once)."""
-    from rngaudit.epochs import ahead
-
     with _lock:
         item = _by_tape.get(tape)
     if item is not None and "content" not in item.record:
@@ -151,6 +149,7 @@ def _rendezvous(module: Any) -> None:
         return
     rank = where[0]
     timeout = max((float(s.epoch.watch.settings.timeout) for s in mine), default=DEFAULT_TIMEOUT)
+    missing: list[int] = []
     try:
         store = exchange._store()
         base = f"{observed.PREFIX}/step/{key}/{n}"
@@ -166,13 +165,15 @@ def _rendezvous(module: Any) -> None:
             with _lock:
                 _given_up.add(key)
             missing = [r for r in ranks if r not in arrived]
-            mine[0].guard._warn_first(mine[0].epoch, missing, arrived, timeout)
-            return
-        payloads = exchange._get_all(store, keys)
-        if store.add(f"{base}/read", 1) == len(ranks):
-            exchange._delete(store, [*keys, f"{base}/read"])
+        else:
+            payloads = exchange._get_all(store, keys)
+            if store.add(f"{base}/read", 1) == len(ranks):
+                exchange._delete(store, [*keys, f"{base}/read"])
     except Exception:
         log.warning("rngaudit: the first-step comparison could not exchange", exc_info=True)
+        return
+    if missing:  # a warning (raised only in strict mode), never a wait beyond the timeout
+        mine[0].guard._warn_first(mine[0].epoch, missing, arrived, timeout)
         return
     per_rank: dict[int, dict[tuple[str, int], dict[str, Any]]] = {}
     for r, payload in zip(ranks, payloads, strict=True):
