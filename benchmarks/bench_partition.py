@@ -7,7 +7,9 @@ batch observed into the epoch's partition tape, compared at the epoch's end. Als
 check's digest of a 45M-index ``random_split`` (sampled), against the sampler's own epoch; and
 (``unsharded``) two real ranks (gloo, spawned) iterating a loader no known class shards (a
 sampler that takes ``perm[rank::world]`` from a shared generator), whose epochs are published
-through the store and compared when both have drawn them.
+through the store and compared when both have drawn them; ``unsharded_ddp``: the same with a
+training step of a ``DistributedDataParallel`` model per batch, where the epoch is also read
+ahead at its first index batch and compared at the module's first training forward.
 Prints one JSON object.
 """
 
@@ -49,18 +51,24 @@ def _loader(n: int, batch: int) -> DataLoader[int]:
     return DataLoader(ds, batch_size=batch, sampler=sampler)
 
 
-def _epoch(loader: DataLoader[int], parts: list[tuple[float, float, float]] | None = None) -> float:
-    """One epoch's time; ``parts`` gets (iter + first batch, the batches after it, the final
-    next() that ends the epoch: where an observed epoch is compared)."""
+def _epoch(
+    loader: DataLoader[int],
+    parts: list[tuple[float, float, float]] | None = None,
+    step: Any = None,
+) -> float:
+    """One epoch's time (``step``: a training step on each batch); ``parts`` gets (iter + first
+    batch and its step, the batches after it, the final next() that ends the epoch: where an
+    observed epoch is compared)."""
+    step = step or (lambda batch: None)
     t0 = time.perf_counter()
     it = iter(loader)
-    next(it)
+    step(next(it))
     t1 = time.perf_counter()
     for _ in range(len(loader) - 1):
-        next(it)
+        step(next(it))
     t2 = time.perf_counter()
-    for _ in it:
-        pass
+    for batch in it:
+        step(batch)
     t3 = time.perf_counter()
     if parts is not None:
         parts.append((t1 - t0, t2 - t1, t3 - t2))
@@ -87,11 +95,20 @@ def _unsharded_loader(n: int, batch: int) -> DataLoader[int]:
     return DataLoader(Items(n), batch_size=batch, sampler=RankShard(n, rank, world))
 
 
-def _unsharded_rank(rank: int, path: str, n: int, batch: int, rounds: int, out: str) -> None:
+def _unsharded_rank(
+    rank: int, path: str, n: int, batch: int, rounds: int, out: str, ddp: bool
+) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=2)
     try:
-        result = pairs(n, batch, rounds, _unsharded_loader, barrier=dist.barrier)
+        step = None
+        if ddp:
+            model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1))
+
+            def step(batch: Any) -> None:
+                model(batch.float().view(-1, 1)).sum().backward()
+
+        result = pairs(n, batch, rounds, _unsharded_loader, barrier=dist.barrier, step=step)
         if rank == 0:
             with open(out, "w") as f:
                 json.dump(result, f)
@@ -99,12 +116,15 @@ def _unsharded_rank(rank: int, path: str, n: int, batch: int, rounds: int, out: 
         dist.destroy_process_group()
 
 
-def unsharded(n: int, batch: int, rounds: int) -> dict[str, Any]:
+def unsharded(n: int, batch: int, rounds: int, ddp: bool = False) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
         store = os.path.join(tmp, "store")
         mp.start_processes(
-            _unsharded_rank, args=(store, n, batch, rounds, out), nprocs=2, start_method="spawn"
+            _unsharded_rank,
+            args=(store, n, batch, rounds, out, ddp),
+            nprocs=2,
+            start_method="spawn",
         )
         with open(out) as f:
             result: dict[str, Any] = json.load(f)
@@ -117,20 +137,21 @@ def pairs(
     rounds: int,
     build: Any = _loader,
     barrier: Any = None,
+    step: Any = None,
 ) -> dict[str, Any]:
     plain = build(n, batch)
     with tempfile.TemporaryDirectory() as report:
         with rngaudit.audit(report_dir=report, every_epoch=True, mode="report"):
             audited = build(n, batch)
-        _epoch(plain), _epoch(audited)  # warm up (epoch 0 also closes the window's checks)
+        _epoch(plain, None, step), _epoch(audited, None, step)  # warm up (and the window)
         a, b = [], []
         pa: list[tuple[float, float, float]] = []
         pb: list[tuple[float, float, float]] = []
         for _ in range(rounds):
             if barrier is not None:
                 barrier()  # the ranks start each pair together
-            a.append(_epoch(plain, pa))
-            b.append(_epoch(audited, pb))
+            a.append(_epoch(plain, pa, step))
+            b.append(_epoch(audited, pb, step))
         del audited
         rngaudit.wait_for_reports()
     batches = len(plain)
@@ -186,6 +207,7 @@ def main() -> None:
         "batch1": lambda: pairs(8_000, 1, args.rounds),
         "unsharded32": lambda: unsharded(64_000, 32, args.rounds),
         "unsharded1": lambda: unsharded(8_000, 1, args.rounds),
+        "unsharded_ddp32": lambda: unsharded(64_000, 32, args.rounds, ddp=True),
         "digest_45m": digest_45m,
     }
     chosen = [p for p in args.only.split(",") if p] or list(parts)

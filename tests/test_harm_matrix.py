@@ -43,15 +43,21 @@ MUST_RAISE = {  # scenario -> first corrupted epoch
     "spawn_style_shards_per_rank_seed": 0,
     "hf_stream_shuffle_seed_per_rank": 0,
     "self_sharding_rank0_eval": 1,
+    "self_sharding_lazy_rank0_eval": 1,
     "ddp_shuffled_no_sampler": 0,
 }
-# Found by the observed partition when every rank has drawn the epoch's last index batch:
-# loaders no known class shards (a sampler that shards itself, no sampler at all under DDP)
-# are never waited for at their first batch (a rank-0-only evaluation loader looks the same).
+# Found by the observed partition when every rank has drawn the epoch's last index batch.
 AT_EPOCH_END = {
+    "ds_subclass_lazy_global_shuffle",  # a warning at the first batch: its epoch is not readable
+}
+# Loaders no known class shards (a sampler that shards itself, no sampler at all under DDP) are
+# never waited for at their first batch (a rank-0-only evaluation loader looks the same): the
+# data-parallel ranks compare the epochs their samplers hold at the DDP module's first training
+# forward of the epoch, before the step.
+AT_FIRST_STEP = {
     "self_sharding_rank0_eval",
     "ddp_shuffled_no_sampler",
-    "ds_subclass_lazy_global_shuffle",  # a warning at the first batch: its epoch is not readable
+    "self_sharding_lazy_rank0_eval",  # by its first batches: the rest is not readable ahead
 }
 MUST_STAY_CLEAN = [
     "ds_shared_seed_per_rank_global",
@@ -73,6 +79,7 @@ MUST_STAY_CLEAN = [
     "self_sharding_reseeded_after_block",
     "ddp_self_shard_per_rank_augment",
     "ddp_presharded_files",
+    "ddp_rank_part_in_getitem",
     "dispatch_batches_loader",
     "ds_drop_last",
 ]
@@ -186,6 +193,10 @@ def test_verdict_matches_the_measured_partition(
                 expected = "partition-overlap"
                 assert res["raised_at"] == f"epoch {first}", res["raised_at"]
                 assert res["items_at_raise"] == len(runs["none"][rank][scenario]["epochs"][first])
+            elif scenario in AT_FIRST_STEP:  # in the first training step's forward
+                expected = "partition-overlap"
+                assert res["raised_at"] == f"epoch {first}", res["raised_at"]
+                assert res["steps_at_raise"] == 0, res
             elif res["raised_at"] == f"epoch {first}":  # before its first batch reached the loop
                 assert res["items_at_raise"] == 0, res
             assert expected in res["kinds"], res["kinds"]
@@ -256,6 +267,55 @@ def test_the_observed_overlap_is_the_measured_one(runs: dict[str, Any], how: str
 
 
 @pytest.mark.parametrize("how", HOWS)
+@pytest.mark.parametrize("scenario", sorted(AT_FIRST_STEP))
+def test_unsharded_loaders_raise_before_the_first_training_step(
+    runs: dict[str, Any], how: str, scenario: str
+) -> None:
+    """The corrupted epoch is raised in the DDP module's first training forward on it: every
+    rank got its first batch, and no rank completed a step on it (without rngaudit, each rank
+    completes every step of that epoch: the truth)."""
+    first = _truth(runs, scenario).index(True)
+    for rank in range(NPROC):
+        plain = runs["none"][rank][scenario]
+        assert plain["steps"][first] > 0 and len(plain["epochs"][first]) > 0
+        res = runs[how][rank][scenario]
+        assert res["raised_at"] == f"epoch {first}", res
+        assert res["steps_at_raise"] == 0, res  # no training step on the corrupted epoch
+        assert res["steps"] == plain["steps"][:first]  # the epochs before: every step
+        assert 0 < res["items_at_raise"] < len(plain["epochs"][first])  # its first batch only
+        assert "before the first training step" in res["message"]
+
+
+@pytest.mark.parametrize("how", HOWS)
+def test_a_lazy_samplers_first_batches_are_the_measured_ones(
+    runs: dict[str, Any], how: str
+) -> None:
+    """A sampler that yields lazily cannot be read ahead: its first batches, which a partition
+    would keep disjoint, share the samples measured without rngaudit."""
+    scenario = "self_sharding_lazy_rank0_eval"
+    firsts = [set(runs["none"][r][scenario]["epochs"][1][:8]) for r in range(NPROC)]
+    shared = len(firsts[0] & firsts[1])
+    assert shared > NPROC - 1  # the claim, measured: more than padding could explain
+    message = runs[how][0][scenario]["message"]
+    assert f"the first batches the ranks are about to train on share {shared} samples" in message
+    assert "its sampler yields lazily" in message
+
+
+@pytest.mark.parametrize("how", HOWS)
+def test_nothing_stays_on_the_forward_path(runs: dict[str, Any], how: str) -> None:
+    """The first-step comparison's pre-hook is removed once it fired: after training, the DDP
+    models of the intact scenarios carry no forward pre-hook (nor did they unaudited)."""
+    ddp = [
+        n for n in [*MUST_STAY_CLEAN, *INTENDED_OVERLAP] if "forward_pre_hooks" in runs[how][0][n]
+    ]
+    assert {"ddp_presharded_files", "self_sharding_rank0_eval_own_generator"} <= set(ddp)
+    for scenario in ddp:
+        for rank in range(NPROC):
+            assert runs[how][rank][scenario]["forward_pre_hooks"] == 0, (scenario, rank)
+            assert runs["none"][rank][scenario]["forward_pre_hooks"] == 0
+
+
+@pytest.mark.parametrize("how", HOWS)
 def test_a_rank0_only_loader_is_never_waited_for(runs: dict[str, Any], how: str) -> None:
     """The evaluation loader rank 0 alone iterates between epochs is never compared or waited
     for (the training loader every rank iterates is waited for at an epoch's end when every
@@ -265,7 +325,7 @@ def test_a_rank0_only_loader_is_never_waited_for(runs: dict[str, Any], how: str)
             waited = runs[how][rank][scenario]["waited"]
             assert not any(k.startswith("DataLoader over Items(len=8)") for k in waited), waited
     waited = [runs[how][r]["self_sharding_rank0_eval"]["waited"] for r in range(NPROC)]
-    assert any(waited), waited  # the training loader's epoch 1: every rank iterated it before
+    assert any(waited), waited  # the training loader's epoch 0: every rank announced it
     assert not runs[how][0]["self_sharding_rank0_eval_own_generator"]["raised"]
 
 

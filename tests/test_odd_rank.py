@@ -5,7 +5,8 @@ check (a DistributedSampler seed; a DistributedSampler subclass shuffling from t
 generator, by the state its draw came from), the datasets compared when the window closes
 (per-rank shards of per-rank orders), the observed partition of loaders no known class shards
 (a sampler that shards itself, with the last rank alone evaluating between epochs; DDP with no
-sampler: every rank trains every sample), each with its twin where no rank differs. Three
+sampler: every rank trains every sample; raised at the DDP module's first training forward of
+the corrupted epoch, before its step), each with its twin where no rank differs. Three
 torchrun launches: without rngaudit (the truth), with ``rngaudit.audit()`` around the set-up,
 and under ``RNGAUDIT=1`` (the window's check first, as a training script's only loader would be).
 """
@@ -102,8 +103,12 @@ def test_every_rank_gets_the_verdict_of_the_truth(
             assert CORRUPTED[scenario] in res["kinds"], res["kinds"]
             first = FIRST.get(scenario, 0)
             assert res["raised_at"] in ("set-up", f"epoch {first}"), res["raised_at"]
-            if CORRUPTED[scenario] == "partition-overlap":  # at the epoch's end
-                assert res["items_at_raise"] == len(runs["none"][rank][scenario]["epochs"][first])
+            if CORRUPTED[scenario] == "partition-overlap":  # at the first training step
+                plain = runs["none"][rank][scenario]
+                assert plain["steps"][first] > 0  # the truth: that epoch's steps, unaudited
+                assert res["raised_at"] == f"epoch {first}", res
+                assert res["steps_at_raise"] == 0, res  # none of them ran audited
+                assert 0 < res["items_at_raise"] < len(plain["epochs"][first])
             elif res["raised_at"] != "set-up":  # before the first batch reached the loop
                 assert res["items_at_raise"] == 0
         else:

@@ -103,3 +103,37 @@ def test_a_distributed_sampler_state_difference_is_named_without_any_order() -> 
 
     (finding,) = order_rules.compare([with_state(0, 1), with_state(1, 2)], missing=[])
     assert finding.kind == SAMPLER_DRAW_DIVERGENCE and "seed" in finding.message
+
+
+def _share(rank: int, seed: int, n: int = 32, world: int = 2) -> dict[str, Any]:
+    """A rank's first batch of 8 of its share (``perm[rank::world]``) of a seeded permutation."""
+    from rngaudit.epochs import partition
+
+    perm = list(RandomSampler(range(n), generator=torch.Generator().manual_seed(seed)))
+    tape = partition.Tape([], n)
+    tape.take([perm[rank::world][:8]])  # its first batch of 8
+    return tape.summary()
+
+
+def test_first_batches_of_one_permutation_never_overlap() -> None:
+    same = {r: _share(r, 5) for r in range(2)}
+    assert order_rules.first_batches_overlap(same, "L", "C", 1) is None
+
+
+def test_first_batches_of_different_permutations_overlapping_are_an_error() -> None:
+    from rngaudit.epochs import partition
+
+    summaries = {0: _share(0, 5), 1: _share(1, 6)}
+    seen = partition.overlap(summaries)
+    assert seen is not None and seen["shared"] > 1  # the claim, measured
+    finding = order_rules.first_batches_overlap(summaries, "L", "C", 1)
+    assert finding is not None and finding.severity == "error"
+    assert f"share {seen['shared']} samples" in finding.message
+
+
+def test_the_same_indices_with_different_content_are_no_evidence() -> None:
+    row = {"first": [3, 1, 2], "content": "a"}
+    assert order_rules.unlike_content({0: row, 1: dict(row, content="b")})
+    assert not order_rules.unlike_content({0: row, 1: dict(row)})  # the same content
+    assert not order_rules.unlike_content({0: row, 1: dict(row, content=None)})  # unknown
+    assert not order_rules.unlike_content({0: row, 1: {"first": [4], "content": "b"}})

@@ -24,13 +24,14 @@ from typing import Any, cast
 
 import wrapt
 
+from rngaudit import findings as fk
 from rngaudit import forksafe, peek, schema
 from rngaudit.capture import naming
 from rngaudit.capture.instrument import loaders as instrument_loaders
 from rngaudit.capture.patching import PatchSet
 from rngaudit.capture.recorder import RECORDER
 from rngaudit.config import Settings
-from rngaudit.epochs import observed, order_rules, partition, sharding
+from rngaudit.epochs import ahead, first_step, observed, order_rules, partition, sharding
 from rngaudit.findings import Finding
 from rngaudit.ranks import exchange
 from rngaudit.ranks.policy import act
@@ -142,6 +143,7 @@ class EpochGuard:
     def leave(self, watch: Watch, loaders: list[Any]) -> None:
         """A with-block closed: keep watching the sharded ``loaders`` built in it until checked
         (none when the block's own verdict already reported an error for them)."""
+        observing = False
         with self._lock:
             if watch in self.open:
                 self.open.remove(watch)
@@ -159,10 +161,13 @@ class EpochGuard:
                     with contextlib.suppress(TypeError):  # an unhashable sampler: not observed
                         self.observing[index] = watch
                         weakref.finalize(index, self._dropped)
+                        observing = True
             for tape in list(self.tapes):  # epochs drawn inside the block (a prefetch)
                 if tape.context[0] is watch and all(tape.context[1] is not k for k in kept):
                     tape.abandon()  # the block's verdict already covered that loader
             self._maybe_uninstall()
+        if observing:  # every rank leaves the block: every rank arms the same modules
+            _arm_modules()
 
     def _dropped(self) -> None:
         with self._lock:
@@ -277,6 +282,9 @@ class EpochGuard:
         with RECORDER.paused():  # the check's own work is not audited, nor re-entered
             self._first_batch(instance)
         tape = instance.__dict__.get("_rngaudit_tape")
+        if tape is not None and tape.context[1] is None:  # an observed epoch: its content
+            with RECORDER.paused():
+                first_step.content(tape, batch)
         # nothing to observe until the next epoch begins, or only the index batches
         self._go_plain(instance, observing=tape is not None and not tape.closed and not tape.teed)
         return batch
@@ -350,6 +358,11 @@ class EpochGuard:
                 batch = self._recorded(state, nodes, wrapped, *args, **kw)
                 with RECORDER.paused():
                     state["_rngaudit_planned"] = _planned(source, tape)
+                return batch
+            if tape is not None and tape.context[1] is None:
+                batch = self._observe(tape, wrapped, *args, **kw)
+                with RECORDER.paused():
+                    self._first_index(instance, tape, source, batch)
                 return batch
         return self._observe(state.get("_rngaudit_tape"), wrapped, *args, **kw)
 
@@ -513,6 +526,81 @@ class EpochGuard:
         weakref.finalize(tape, self._dropped)
         return tape
 
+    def _first_index(self, iterator: Any, tape: partition.Tape, source: Any, batch: Any) -> None:
+        """An observed epoch's first index batch: what the data-parallel ranks compare at their
+        next training forward (:mod:`~rngaudit.epochs.first_step`): the batch's root samples
+        and the whole epoch when its sampler's iterator holds it (read without a draw)."""
+        try:
+            _, _, epoch, known, training = tape.context
+            _arm_modules()
+            if len(observed._FOUND) == 0:
+                return  # no data-parallel module: no training forward every rank is known to make
+            summary: dict[str, Any] = {"known": False}
+            indices = ahead.epoch_indices(source, batch, peek.attr(iterator, "_index_sampler"))
+            if indices is not None:
+                size = len(batch) if isinstance(batch, list) else 1
+                whole = partition.Tape(tape.maps, tape.root_size)
+                whole.take_indices(indices, -(-len(indices) // max(1, size)))
+                summary = dict(whole.summary(), identity=known.identity, training=training)
+            record = {
+                "key": epoch.key,
+                "epoch": epoch.epoch,
+                "first": _roots(tape, batch),
+                "root_size": tape.root_size,
+                "ahead": summary,
+                "training": training,
+            }
+            first_step.started(first_step.Started(epoch, weakref.ref(tape), record, self))
+        except Exception:
+            log.warning("rngaudit: could not read the observed epoch ahead", exc_info=True)
+
+    def _judge_first(self, epoch: observed.Epoch, published: dict[int, dict[str, Any]]) -> None:
+        """The verdict on an observed epoch at its first training step, from every rank of the
+        data-parallel group (the same on each): the whole epoch each rank's sampler holds."""
+        found: list[Finding] = []
+        label = f"observed partition of epoch {epoch.epoch} of {epoch.label} ({epoch.chain})"
+        try:
+            if order_rules.unlike_content(published):
+                return
+            summaries = {r: p.get("ahead") or {} for r, p in published.items()}
+            if _one_loader(summaries):
+                finding, exact = order_rules.observed_overlap(
+                    summaries, epoch.label, epoch.chain, epoch.epoch,
+                    epoch.key in self.partitioned, True, ahead=True,
+                )  # fmt: skip
+                if exact:
+                    self.partitioned.add(epoch.key)
+            elif epoch.key in self.partitioned:  # read lazily: its first batches are evidence
+                finding = order_rules.first_batches_overlap(
+                    _first_batches(published), epoch.label, epoch.chain, epoch.epoch
+                )
+            else:
+                return
+            if finding is not None:
+                found.append(finding)
+                first_step.DECIDED.add((epoch.key, epoch.epoch))
+                epoch.watch.session.add_check(label, found)
+        except Exception:
+            log.warning("rngaudit: the first-step comparison could not compare", exc_info=True)
+        _act(found, epoch.watch, label)
+
+    def _warn_first(
+        self, epoch: observed.Epoch, missing: list[int], arrived: list[int], timeout: float
+    ) -> None:
+        """Ranks of the data-parallel group did not reach the training forward: a warning."""
+        finding = fk.rank_missing(
+            missing, arrived,
+            where="reach the first training step of an observed epoch", timeout=timeout,
+            unseen="the epochs they were about to train on", severity="warning",
+            remedy="Nothing to fix if only some ranks train this module; the epoch is still "
+            "compared when every rank has drawn it.",
+            details={"loader": epoch.label, "epoch": epoch.epoch, "check": "first-step"},
+        )  # fmt: skip
+        label = f"first training step of epoch {epoch.epoch} of {epoch.label}"
+        with contextlib.suppress(Exception):
+            epoch.watch.session.add_check(label, [finding])
+        _act([finding], epoch.watch, label)
+
     def _observed_end(self, tape: partition.Tape) -> None:
         """Publish what this rank took in an observed epoch; compare when every rank has."""
         _, _, epoch, known, training = tape.context
@@ -522,6 +610,7 @@ class EpochGuard:
             summary = dict(
                 tape.summary(), identity=known.identity, training=training, data_parallel=groups
             )
+            summary.update(first_step.fields(tape))
             got = observed.finish(epoch, summary)
         except Exception:
             log.warning("rngaudit: could not publish the loader's observed epoch", exc_info=True)
@@ -565,7 +654,9 @@ class EpochGuard:
         label = f"observed partition of epoch {epoch.epoch} of {epoch.label} ({epoch.chain})"
         try:
             summaries = {int(r["rank"]): r for r in published}
-            if not _one_loader(summaries):
+            if (epoch.key, epoch.epoch) in first_step.DECIDED:
+                return  # judged, with a finding, before its first training step
+            if not _one_loader(summaries) or order_rules.unlike_content(summaries):
                 return
             # a data-parallel signal only when every rank published one; the overlap is then
             # judged within this rank's data-parallel group
@@ -891,7 +982,44 @@ def _note_module(
     result = wrapped(*args, **kw)
     if instance is not None:
         observed.note_module(instance)
+        first_step.noted(instance)
     return result
+
+
+def _roots(tape: partition.Tape, batch: Any) -> list[int] | None:
+    """The root samples of one index batch (at most 4096), or None."""
+    try:
+        np = sys.modules["numpy"]
+        idx = np.asarray(batch if isinstance(batch, list) else [batch], dtype=np.int64)
+        if idx.ndim != 1 or idx.size > 4096:
+            return None
+        for arr in tape.maps:
+            idx = arr[idx]
+        return [int(i) for i in idx.tolist()]
+    except Exception:
+        return None
+
+
+def _first_batches(published: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Each rank's first batch as a partition summary (unknown where it was not read)."""
+    out: dict[int, dict[str, Any]] = {}
+    for rank, record in published.items():
+        first, size = record.get("first"), record.get("root_size")
+        out[rank] = {"known": False}
+        if isinstance(first, list) and isinstance(size, int) and first:
+            tape = partition.Tape([], size)
+            tape.take([first])
+            out[rank] = tape.summary()
+    return out
+
+
+def _arm_modules() -> None:
+    """Every data-parallel module of this process armed for its first training forward (the
+    heap searched once per installation for those built before the guard)."""
+    with contextlib.suppress(Exception):
+        observed.data_parallel_groups(scan=True)
+        for module in list(observed._FOUND.values()):
+            first_step.noted(module)
 
 
 def _one_loader(summaries: dict[int, dict[str, Any]]) -> bool:

@@ -475,6 +475,7 @@ def observed_overlap(
     epoch: int,
     partitioned_before: bool,
     data_parallel: bool,
+    ahead: bool = False,
 ) -> tuple[Finding | None, bool]:
     """The verdict on one epoch of a loader no known class shards, from what each rank was
     handed, and whether this epoch partitioned the data exactly (evidence for later epochs).
@@ -483,7 +484,8 @@ def observed_overlap(
     earlier epoch (it is meant to be sharded) or when the ranks trained under a data-parallel
     module (DDP / FSDP: every rank stepping on the same samples is duplication); otherwise a
     partial overlap is a warning and ranks handed identical samples (a tensor-parallel group,
-    a replicated evaluation) are nothing at all.
+    a replicated evaluation) are nothing at all. ``ahead``: the summaries are the epochs the
+    ranks' samplers held at their first training step (read ahead), said so in the message.
     """
     world = len(summaries)
     seen = partition.overlap(summaries)
@@ -505,20 +507,25 @@ def observed_overlap(
     never = seen["root_size"] - seen["union"]
     counts = ", ".join(f"rank {r}: {n}" for r, n in sorted(seen["per_rank"].items()))
     where = f"epoch {epoch} of {loader} ({chain}, sharded by no DistributedSampler)"
+    seen_how = "observed from the index batches each rank drew"
+    if ahead:  # the whole epoch, before the module's first training forward on it
+        seen_how = (
+            "read before the first training step of the epoch, from the whole epoch each "
+            "rank's sampler held (no draw)"
+        )
     if identical:
         lines = [
             f"In {where} every rank was handed the same {seen['union']} samples of "
             f"{seen['root_size']}: the data-parallel ranks trained on identical batches, a "
-            f"{world}-fold duplication of the epoch (observed from the index batches each rank "
-            "drew, while a DistributedDataParallel / FSDP module trained)."
+            f"{world}-fold duplication of the epoch ({seen_how}, while a "
+            "DistributedDataParallel / FSDP module trained)."
         ]
     else:
         lines = [
             f"In {where} the ranks were handed overlapping samples: {seen['shared']} of "
             f"{seen['root_size']} samples went to more than one rank, and {never} of them to "
             f"none ({counts} distinct samples each). Each rank took its share of a different "
-            "order: this epoch duplicated some samples and dropped others (observed from the "
-            "index batches each rank drew)."
+            f"order: this epoch duplicated some samples and dropped others ({seen_how})."
         ]
         if partitioned_before:
             lines.append(
@@ -550,3 +557,57 @@ def observed_overlap(
         },
     )
     return finding, False
+
+
+def unlike_content(summaries: dict[int, dict[str, Any]]) -> bool:
+    """Whether the ranks' first batches took the same root samples yet hold different content:
+    the indices do not name the same samples on every rank (a dataset that picks its part by
+    rank inside ``__getitem__``), so they are no evidence of an overlap. Content that could not
+    be digested on some rank is unknown: no conclusion."""
+    values = list(summaries.values())
+    firsts = {str(s.get("first")) for s in values}
+    contents = [s.get("content") for s in values]
+    return (
+        len(values) > 1
+        and len(firsts) == 1
+        and bool(values[0].get("first"))
+        and all(isinstance(c, str) for c in contents)
+        and len(set(contents)) > 1
+    )
+
+
+def first_batches_overlap(
+    summaries: dict[int, dict[str, Any]], loader: str, chain: str, epoch: int
+) -> Finding | None:
+    """An error when the first batches the ranks are about to train on (root samples) overlap
+    beyond padding, for a loader an earlier epoch of which partitioned the data exactly: a
+    partition never hands one sample to two ranks, so the ranks now shard different orders.
+    Used where the rest of the epoch cannot be read ahead (a sampler that yields lazily)."""
+    world = len(summaries)
+    seen = partition.overlap(summaries)
+    if seen is None or not beyond_padding(seen, world):
+        return None
+    firsts = ", ".join(f"rank {r}: {n}" for r, n in sorted(seen["per_rank"].items()))
+    message = (
+        f"In epoch {epoch} of {loader} ({chain}, sharded by no DistributedSampler) the first "
+        f"batches the ranks are about to train on share {seen['shared']} samples ({firsts} "
+        "distinct samples each). An earlier epoch of this loader partitioned the data exactly, "
+        "and a partition never hands one sample to two ranks: the ranks now take their shares "
+        "of different orders, and this epoch duplicates some samples and drops others. Found "
+        "before the first training step, from each rank's first batch (its sampler yields "
+        "lazily: the rest of the epoch cannot be read ahead)."
+    )
+    return Finding(
+        kind=fk.PARTITION_OVERLAP,
+        severity="error",
+        message=message,
+        ranks=sorted(summaries),
+        remedy=DUPLICATION_REMEDY,
+        details={
+            "loader": loader,
+            "epoch": epoch,
+            "check": "observed-first-batches",
+            "shared": seen["shared"],
+            "per_rank": {str(r): n for r, n in seen["per_rank"].items()},
+        },
+    )

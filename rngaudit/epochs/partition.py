@@ -189,18 +189,31 @@ class Tape:
             self.pending.extend(batches)
             self._fold()
 
+    def take_indices(self, indices: Any, batches: int) -> None:
+        """A whole epoch at once: ``indices`` (a 1-d int64 array) in ``batches`` index batches."""
+        if self.known:
+            self._fold()
+            self._mark(indices, batches)
+
     def _fold(self) -> None:
         import numpy as np
 
         batches, self.pending = self.pending, []
         if not batches:
             return
-        self.batches += len(batches)
         try:
             if isinstance(batches[0], int):  # batching off: one index per draw
                 idx = np.asarray(batches, dtype=np.int64)
             else:  # lists of ints, read at C speed
                 idx = np.fromiter(itertools.chain.from_iterable(batches), dtype=np.int64)
+        except Exception:  # not integer indices of this dataset: unknown, never an error
+            self.known = False
+            return
+        self._mark(idx, len(batches))
+
+    def _mark(self, idx: Any, batches: int) -> None:
+        self.batches += batches
+        try:
             for arr in self.maps:
                 idx = arr[idx]
             if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= self.root_size):

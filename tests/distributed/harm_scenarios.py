@@ -634,6 +634,15 @@ class RankShardSampler(Sampler[int]):
         yield from perm[self.rank :: self.world].tolist()
 
 
+class LazyRankShardSampler(RankShardSampler):
+    """The same, yielding each index as it is asked for: its epoch cannot be read ahead."""
+
+    def __iter__(self) -> Iterator[int]:
+        perm = torch.randperm(self.n, generator=self.generator)
+        for i in perm[self.rank :: self.world].tolist():
+            yield int(i)  # one at a time: nothing holds the rest of the epoch
+
+
 def _ddp_step(model: Any) -> Callable[[Any], None]:
     def step(batch: Any) -> None:
         x = torch.as_tensor(_items(batch), dtype=torch.float32).view(-1, 1)
@@ -647,12 +656,15 @@ def _ddp_model() -> Any:
     return torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1))
 
 
-def _self_sharding(ctx: Ctx, evaluator: int | None, global_draws: bool, n: int = N) -> Plan:
+def _self_sharding(
+    ctx: Ctx, evaluator: int | None, global_draws: bool, n: int = N, lazy: bool = False
+) -> Plan:
     model = _ddp_model()  # the ranks step together (accelerate's DDP, in lerobot)
     seed_all(42)
     ds = Items(n)
-    sampler = RankShardSampler(n, ctx.rank, ctx.world)
-    loader = ctx.audited(lambda: DataLoader(ds, batch_size=2, sampler=sampler))
+    sampler = (LazyRankShardSampler if lazy else RankShardSampler)(n, ctx.rank, ctx.world)
+    batch = 8 if lazy else 2
+    loader = ctx.audited(lambda: DataLoader(ds, batch_size=batch, sampler=sampler))
     # every iteration of a DataLoader draws its workers' base seed from its generator: the
     # global one unless it has its own
     own = None if global_draws else torch.Generator().manual_seed(1)
@@ -671,6 +683,12 @@ def self_sharding_rank0_eval(ctx: Ctx) -> Plan:
     evaluation loader after epoch 0 (its RandomSampler draws its seed from the global
     generator): epoch 1's permutations differ across ranks."""
     return _self_sharding(ctx, 0, True)
+
+
+def self_sharding_lazy_rank0_eval(ctx: Ctx) -> Plan:
+    """The same harm, the sampler yielding lazily (batches of 8): only each rank's first batch
+    is known before the first training step of epoch 1."""
+    return _self_sharding(ctx, 0, True, lazy=True)
 
 
 def self_sharding_rank0_eval_own_generator(ctx: Ctx) -> Plan:
@@ -699,6 +717,29 @@ def ddp_shuffled_no_sampler(ctx: Ctx) -> Plan:
     """DDP, a shuffled DataLoader with no DistributedSampler, identically seeded ranks: every
     rank trains the whole dataset each epoch (world-size-fold duplication)."""
     return _no_sampler(ctx, True)
+
+
+class RankPart(Dataset[int]):
+    """A dataset that picks its part by rank inside ``__getitem__`` (nothing on the object names
+    the rank): every rank draws the same indices, each reads samples of its own."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n // dist.get_world_size()
+
+    def __getitem__(self, i: int) -> int:
+        return i * dist.get_world_size() + dist.get_rank()
+
+
+def ddp_rank_part_in_getitem(ctx: Ctx) -> Plan:
+    """DDP, a shuffled loader with no sampler, identical seeds, over a dataset that picks the
+    rank's part in ``__getitem__``: the same indices, disjoint samples (intact)."""
+    seed_all(0)
+    model = _ddp_model()
+    loader = ctx.audited(lambda: DataLoader(RankPart(N), batch_size=4, shuffle=True))
+    return Plan(loader, epochs=2, step=_ddp_step(model), keep=model)
 
 
 def tp_group_same_batch(ctx: Ctx) -> Plan:
@@ -861,12 +902,14 @@ SCENARIOS: dict[str, Scenario] = {
             "hf_stream_split_by_shards_seed_per_rank", hf_stream_split_by_shards_seed_per_rank
         ),
         Scenario("self_sharding_rank0_eval", self_sharding_rank0_eval, True),
+        Scenario("self_sharding_lazy_rank0_eval", self_sharding_lazy_rank0_eval, True),
         Scenario(
             "self_sharding_rank0_eval_own_generator", self_sharding_rank0_eval_own_generator, True
         ),
         Scenario("self_sharding_reseeded_after_block", self_sharding_reseeded_after_block, True),
         Scenario("ddp_shuffled_no_sampler", ddp_shuffled_no_sampler, True),
         Scenario("tp_group_same_batch", tp_group_same_batch, True),
+        Scenario("ddp_rank_part_in_getitem", ddp_rank_part_in_getitem, True),
         Scenario("ddp_self_shard_per_rank_augment", ddp_self_shard_per_rank_augment, True),
         Scenario("ddp_presharded_files", ddp_presharded_files, True),
         Scenario("ddp_with_replacement", ddp_with_replacement, True),
@@ -895,24 +938,28 @@ def _items(batch: Any) -> list[int]:
 
 
 def run_one(sc: Scenario, ctx: Ctx) -> dict[str, Any]:
-    out: dict[str, Any] = {"epochs": [], "raised": False, "raised_at": None}
+    out: dict[str, Any] = {"epochs": [], "steps": [], "raised": False, "raised_at": None}
     ctx.every_epoch = sc.every_epoch
     stage = "set-up"
     items: list[int] = []
+    steps = 0  # training steps completed in the current epoch
     observed = sys.modules.get("rngaudit.epochs.observed")  # the epochs a rank waited for
     waited_before = dict(observed.WAITED) if observed is not None else {}
+    plan = None
     try:
         plan = sc.build(ctx)
         for epoch in range(plan.epochs):
             stage = f"epoch {epoch}"
             if plan.before_epoch is not None:
                 plan.before_epoch(epoch)
-            items = []
+            items, steps = [], 0
             for batch in plan.loader:
                 items.extend(_items(batch))
                 if plan.step is not None:
                     plan.step(batch)
+                    steps += 1
             out["epochs"].append(items)
+            out["steps"].append(steps)
             if plan.after_epoch is not None:
                 plan.after_epoch(epoch)
     except Exception as exc:
@@ -923,10 +970,14 @@ def run_one(sc: Scenario, ctx: Ctx) -> dict[str, Any]:
             raised=True,
             raised_at=stage,
             items_at_raise=len(items),  # of the raising epoch, handed to the loop before it
+            steps_at_raise=steps,  # of the raising epoch, completed before it
             error_type=type(exc).__name__,
             message=str(exc),
             kinds=sorted({f.kind for f in report.findings}) if report is not None else [],
         )
+    hooks = getattr(plan.keep if plan is not None else None, "_forward_pre_hooks", None)
+    if hooks is not None:  # what is left on the DDP model's forward path after training
+        out["forward_pre_hooks"] = len(hooks)
     observed = sys.modules.get("rngaudit.epochs.observed")
     if observed is not None:
         out["waited"] = {

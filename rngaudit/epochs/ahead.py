@@ -1,0 +1,182 @@
+"""Read ahead without a draw: the epoch a suspended index iterator holds, and a batch's digest.
+
+A sampler that builds its epoch as a list and hands it out (``yield from perm.tolist()``, torch's
+``RandomSampler``; ``iter(list)``; ``iter(range(n))``; ``yield from tensor``, a tuple iterator)
+holds the whole epoch in a builtin iterator once its first index batch was drawn. That
+iterator's ``__reduce__`` hands the sequence over without advancing it; it is the epoch only
+when its consumed prefix is exactly the first index batch and its length is the sampler's.
+Everything here is total: an unknown shape answers None.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import sys
+import types
+from typing import Any
+
+from rngaudit import peek
+
+MAX_TENSOR_ITEMS = 1 << 16  # 0-d tensors converted one by one (a tensor's tuple iterator)
+DIGEST_BYTES = 1 << 20  # bytes of one array leaf digested (its shape and dtype always)
+DIGEST_LEAVES = 256  # leaves of a batch digested
+_DEPTH = 6
+_BUILTIN: tuple[type, ...] = (type(iter([])), type(iter(())), type(iter(range(0))))
+
+
+def _delegate(it: Any) -> Any:
+    """The builtin sequence iterator ``it`` is, or the one a suspended generator delegates to."""
+    if type(it) in _BUILTIN:
+        return it
+    if isinstance(it, types.GeneratorType):
+        inner = it.gi_yieldfrom
+        return inner if type(inner) in _BUILTIN else None
+    return None
+
+
+def _sequence(it: Any) -> tuple[Any, int] | None:
+    """What a builtin sequence iterator walks and how far it went (no ``next``)."""
+    reduced = it.__reduce__()
+    if len(reduced) != 3 or not reduced[1]:
+        return None  # exhausted: (iter, ([],))
+    seq, index = reduced[1][0], reduced[2]
+    if not isinstance(seq, list | tuple | range) or not isinstance(index, int):
+        return None
+    return seq, index
+
+
+def _ints(seq: Any) -> Any:
+    """``seq`` as a 1-d int64 array when every entry is an integer index, else None."""
+    np = sys.modules.get("numpy")
+    if np is None:
+        return None
+    if isinstance(seq, range):
+        return np.arange(seq.start, seq.stop, seq.step, dtype=np.int64)
+    torch = sys.modules.get("torch")
+    if seq and torch is not None and isinstance(seq[0], torch.Tensor):
+        if len(seq) > MAX_TENSOR_ITEMS:
+            return None
+        out = []
+        for v in seq:
+            if type(v) is not torch.Tensor or v.dim() != 0 or v.is_floating_point():
+                return None
+            out.append(int(v))
+        return np.asarray(out, dtype=np.int64)
+    arr = np.asarray(seq)
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+        return None
+    return arr.astype(np.int64, copy=False)
+
+
+def epoch_indices(source: Any, first: Any, index_sampler: Any) -> Any:
+    """Every index the epoch will hand out (the loader's index space, in order), read from the
+    epoch's index iterator ``source`` just after its first index batch ``first`` was drawn:
+    the sequence the sampler's iterator walks (found as ``source`` itself, the generator it
+    delegates to, or ``BatchSampler.__iter__``'s ``sampler_iter``), checked against ``first``
+    and against the sampler's and batch sampler's lengths; None when anything differs or
+    cannot be read (a sampler that draws lazily, a batch sampler of another kind)."""
+    try:
+        batched = isinstance(first, list)
+        inner = source
+        sampler = index_sampler
+        if batched:
+            frame = source.gi_frame if isinstance(source, types.GeneratorType) else None
+            inner = frame.f_locals.get("sampler_iter") if frame is not None else None
+            sampler = peek.attr(index_sampler, "sampler")
+        it = _delegate(inner)
+        found = _sequence(it) if it is not None else None
+        if found is None:
+            return None
+        seq, index = found
+        if peek.size(sampler) != len(seq):
+            return None
+        head = list(first) if batched else [first]
+        if index != len(head) or _ints(seq[:index]) is None:
+            return None
+        if [int(v) for v in _ints(seq[:index]).tolist()] != [int(v) for v in head]:
+            return None
+        values = _ints(seq)
+        if values is None:
+            return None
+        if batched:
+            size = peek.attr(index_sampler, "batch_size")
+            drop = peek.flag(peek.attr(index_sampler, "drop_last"))
+            if not isinstance(size, int) or size <= 0 or drop is None or len(head) != size:
+                return None
+            batches = len(values) // size if drop else -(-len(values) // size)
+            if peek.size(index_sampler) != batches:
+                return None
+            values = values[: batches * size]
+        return values
+    except Exception:  # an iterator of another shape: unknown, never an error
+        return None
+
+
+def digest(batch: Any) -> str | None:
+    """A digest of a batch's content: tensors and arrays (shape, dtype, up to ``DIGEST_BYTES``
+    of their data), numbers, strings and bytes, in nested dicts, lists and tuples; None when
+    any part is of another kind (unknown), on another device than the CPU, or too big."""
+    h = hashlib.blake2b(digest_size=8)
+    leaves = [0]
+    try:
+        if not _feed(h, batch, 0, leaves):
+            return None
+    except Exception:
+        return None
+    return h.hexdigest()
+
+
+def _feed(h: Any, obj: Any, depth: int, leaves: list[int]) -> bool:
+    leaves[0] += 1
+    if depth > _DEPTH or leaves[0] > DIGEST_LEAVES:
+        return False
+    if obj is None or type(obj) in (bool, int, float, complex, str):
+        h.update(f"{type(obj).__name__}:{obj!r};".encode())
+        return True
+    if type(obj) is bytes:
+        h.update(b"bytes:" + obj + b";")
+        return True
+    if type(obj) in (list, tuple):
+        h.update(f"{type(obj).__name__}[{len(obj)}](".encode())
+        return all(_feed(h, v, depth + 1, leaves) for v in obj) and _close(h)
+    if type(obj) is dict:
+        h.update(f"dict[{len(obj)}](".encode())
+        for k, v in obj.items():
+            if type(k) not in (str, int) or not _feed(h, k, depth + 1, leaves):
+                return False
+            if not _feed(h, v, depth + 1, leaves):
+                return False
+        return _close(h)
+    return _array(h, obj)
+
+
+def _close(h: Any) -> bool:
+    h.update(b")")
+    return True
+
+
+def _array(h: Any, obj: Any) -> bool:
+    np = sys.modules.get("numpy")
+    torch = sys.modules.get("torch")
+    if torch is not None and type(obj) is torch.Tensor:
+        if obj.device.type != "cpu" or obj.layout != torch.strided or obj.is_complex():
+            return False
+        flat = obj.detach().reshape(-1)
+        count = max(1, DIGEST_BYTES // max(1, obj.element_size()))
+        with contextlib.suppress(Exception):
+            data = flat[:count].contiguous().numpy().tobytes()
+            h.update(f"tensor{tuple(obj.shape)}{obj.dtype}:".encode() + data + b";")
+            return True
+        return False
+    if np is not None and type(obj) is np.ndarray:
+        if obj.dtype.kind not in "biufS":
+            return False
+        count = max(1, DIGEST_BYTES // max(1, obj.itemsize))
+        data = np.ascontiguousarray(obj.reshape(-1)[:count]).tobytes()
+        h.update(f"ndarray{obj.shape}{obj.dtype}:".encode() + data + b";")
+        return True
+    if np is not None and isinstance(obj, np.generic) and type(obj).__module__ == "numpy":
+        h.update(f"{type(obj).__name__}:{obj!r};".encode())
+        return True
+    return False

@@ -1,0 +1,194 @@
+"""Before the first training step of an observed epoch, the data-parallel ranks compare it.
+
+A loader no known class shards may be iterated by one rank alone (a rank-0-only evaluation), so
+no rank waits at its first batch. The ranks of a data-parallel group do meet at every training
+forward of their ``DistributedDataParallel`` / FSDP module, so that is where they compare: while
+an observed epoch has started and not been compared, a one-shot forward pre-hook is armed on
+the data-parallel modules (removed when it fires: nothing of rngaudit stays on the per-forward
+path). At the module's next forward in training mode with gradients enabled, each rank of its
+group publishes the epochs it started and is still drawing (their first index batch, its
+content's digest and the whole epoch when it could be read ahead) and, when it has any, waits
+for the others (a timeout is a warning, and ends these rendezvous for that group); the epochs
+every rank published are compared, the others (one rank's evaluation loader) are not.
+
+Every rank must fire at the same forward: a module is armed from when it is noted until its
+first training forward (every rank builds it and trains it), and then again only when an epoch
+starts of a loader every rank of the group trained on together at an earlier rendezvous.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import sys
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from rngaudit import forksafe
+from rngaudit.capture.recorder import RECORDER
+from rngaudit.config import DEFAULT_TIMEOUT
+from rngaudit.epochs import ahead, observed
+from rngaudit.ranks import exchange
+
+log = logging.getLogger("rngaudit")
+
+MAX_PENDING = 64  # started epochs kept until a rendezvous, per process
+
+
+@dataclass
+class Started:
+    """One observed epoch this rank started, waiting for the group's next training forward."""
+
+    epoch: observed.Epoch
+    tape: Any  # weakref.ref to its partition.Tape
+    record: dict[str, Any]  # what is published: key, epoch, first, content, ahead, ...
+    guard: Any  # the EpochGuard: _judge_first / _warn_first
+
+
+_lock = forksafe.lock()
+_pending: list[Started] = []
+_by_tape: weakref.WeakKeyDictionary[Any, Started] = weakref.WeakKeyDictionary()
+_hooks: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # module -> handle
+_fired: weakref.WeakSet[Any] = weakref.WeakSet()  # modules that had their first rendezvous
+_agreed: set[str] = set()  # loaders a whole group trained on together
+_counts: dict[str, int] = {}  # group -> rendezvous so far
+_given_up: set[str] = set()  # groups whose ranks did not all arrive once
+DECIDED: set[tuple[str, int]] = set()  # (loader key, epoch) judged with a finding here
+
+
+def _group(module: Any) -> list[int]:
+    ranks = observed._GROUPS.get(id(module))
+    if ranks is None:
+        ranks = observed._group_ranks(module)
+    return list(ranks)
+
+
+def _group_key(ranks: list[int]) -> str:
+    text = ",".join(str(r) for r in ranks)
+    return hashlib.blake2b(text.encode(), digest_size=6).hexdigest()
+
+
+def _arm(module: Any) -> None:
+    """The one-shot hook on ``module`` (with the lock held); never raises."""
+    if module in _hooks or _group_key(_group(module)) in _given_up:
+        return
+    try:
+        _hooks[module] = module.register_forward_pre_hook(_hook, prepend=True)
+    except Exception:
+        log.debug("rngaudit: could not arm the first-step check", exc_info=True)
+
+
+def noted(module: Any) -> None:
+    """A data-parallel module noted (built, or found on the heap): armed until its first
+    training forward."""
+    with contextlib.suppress(Exception):
+        if exchange.distributed() is None:
+            return
+        with _lock:
+            if module not in _fired:
+                _arm(module)
+
+
+def started(item: Started) -> None:
+    """An observed epoch's first index batch was drawn: kept for the group's next training
+    forward (the modules armed again when every rank trained this loader together before)."""
+    with _lock:
+        _pending.append(item)
+        del _pending[:-MAX_PENDING]
+        tape = item.tape()
+        if tape is not None:
+            _by_tape[tape] = item
+        if item.epoch.key in _agreed:
+            for module in list(observed._FOUND.values()):
+                _arm(module)
+
+
+def content(tape: Any, batch: Any) -> None:
+    """The epoch's first batch as the loop receives it: its content digested (once)."""
+    with _lock:
+        item = _by_tape.get(tape)
+    if item is not None and "content" not in item.record:
+        item.record["content"] = ahead.digest(batch)
+
+
+def fields(tape: Any) -> dict[str, Any]:
+    """What the epoch's end publishes besides its bitmap: the first batch and its digest."""
+    with _lock:
+        item = _by_tape.get(tape)
+    if item is None:
+        return {}
+    return {"first": item.record.get("first"), "content": item.record.get("content")}
+
+
+def _hook(module: Any, args: Any) -> None:
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.is_grad_enabled() or module.training is not True:
+        return  # an evaluation forward: stay armed
+    with RECORDER.paused():
+        _rendezvous(module)
+
+
+def _rendezvous(module: Any) -> None:
+    ranks = _group(module)
+    key = _group_key(ranks)
+    with _lock:
+        for other in list(_hooks.keys()):  # one rendezvous per group and arming
+            if _group_key(_group(other)) == key:
+                with contextlib.suppress(Exception):
+                    _hooks.pop(other).remove()
+                _fired.add(other)
+        _fired.add(module)
+        n = _counts.get(key, 0)
+        _counts[key] = n + 1
+        mine = [s for s in _pending if _drawing(s)]
+        _pending.clear()
+    where = exchange.distributed()
+    if where is None or where[0] not in ranks or len(ranks) < 2:
+        return
+    rank = where[0]
+    timeout = max((float(s.epoch.watch.settings.timeout) for s in mine), default=DEFAULT_TIMEOUT)
+    missing: list[int] = []
+    try:
+        store = exchange._store()
+        base = f"{observed.PREFIX}/step/{key}/{n}"
+        store.set(f"{base}/{rank}", exchange.encode({"epochs": [s.record for s in mine]}))
+        keys = [f"{base}/{r}" for r in ranks]
+        if not mine:  # nothing of its own to compare: its (empty) record is all the others need
+            if store.add(f"{base}/read", 1) == len(ranks):
+                exchange._delete(store, [*keys, f"{base}/read"])
+            return
+        observed._wait(store, keys, timeout)
+        arrived = [r for r, k in zip(ranks, keys, strict=True) if store.check([k])]
+        if len(arrived) < len(ranks):
+            with _lock:
+                _given_up.add(key)
+            missing = [r for r in ranks if r not in arrived]
+        else:
+            payloads = exchange._get_all(store, keys)
+            if store.add(f"{base}/read", 1) == len(ranks):
+                exchange._delete(store, [*keys, f"{base}/read"])
+    except Exception:
+        log.warning("rngaudit: the first-step comparison could not exchange", exc_info=True)
+        return
+    if missing:  # a warning (raised only in strict mode), never a wait beyond the timeout
+        mine[0].guard._warn_first(mine[0].epoch, missing, arrived, timeout)
+        return
+    per_rank: dict[int, dict[tuple[str, int], dict[str, Any]]] = {}
+    for r, payload in zip(ranks, payloads, strict=True):
+        epochs = exchange.decode(bytes(payload)).get("epochs") or []
+        per_rank[r] = {(str(e["key"]), int(e["epoch"])): e for e in epochs}
+    common = set.intersection(*(set(d) for d in per_rank.values()))
+    by_key = {(s.epoch.key, s.epoch.epoch): s for s in mine}
+    for ident in sorted(common):  # the same order on every rank: the same raise
+        with _lock:
+            _agreed.add(ident[0])
+        item = by_key[ident]
+        item.guard._judge_first(item.epoch, {r: per_rank[r][ident] for r in ranks})
+
+
+def _drawing(item: Started) -> bool:
+    """Whether the epoch is still being drawn (its last index batch not yet drawn)."""
+    tape = item.tape()
+    return tape is not None and not tape.closed
