@@ -780,7 +780,7 @@ def _planned(source: Any, tape: partition.Tape | None) -> dict[str, Any] | None:
 
 
 _PLAIN_MARK = "_rngaudit_plain"
-TEE_MAX = partition.MAX_ROOT  # roots observed through a tee (at most FOLD batches held)
+TEE_MAX = partition.MAX_SKETCH_ROOT  # roots observed through a tee (at most FOLD batches held)
 
 
 def _tee_classes() -> tuple[type, ...]:
