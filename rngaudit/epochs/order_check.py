@@ -620,7 +620,7 @@ class EpochGuard:
         record: schema.EpochRecord,
         watch: Watch,
         state: _LoaderState,
-        planned: dict[str, Any] | None,
+        planned: Any,
     ) -> list[Finding]:
         """The sampler drew its order from state that differs across ranks while its seed and
         epoch agree: the harm is decided by what the ranks are about to be handed. Each rank's
@@ -630,7 +630,7 @@ class EpochGuard:
         mine = {
             "loader": record["loader"],
             "epoch": record["epoch"],
-            "planned": planned or {"known": False},
+            "planned": _planned_summary(planned) or {"known": False},
         }
         result = self._swap(mine, f"planned/{state.index}/{state.checks}", watch, "order")
         rows = result[0] if result is not None else []
@@ -677,8 +677,9 @@ class EpochGuard:
         except Exception:  # the auditor must never break the loader
             log.warning("rngaudit: could not prepare the order check", exc_info=True)
             return
-        planned = (peek.attr(iterator, "__dict__") or {}).get("_rngaudit_planned")
+        planned = (peek.attr(iterator, "__dict__") or {}).pop("_rngaudit_planned", None)
         found = self._exchange(record, watch, state, planned)
+        del planned  # the epoch's list, kept only for this check
         with self._lock:
             state.checks += 1
             state.previous = record
@@ -722,7 +723,7 @@ class EpochGuard:
         record: schema.EpochRecord,
         watch: Watch,
         state: _LoaderState,
-        planned: dict[str, Any] | None = None,
+        planned: Any = None,
     ) -> list[Finding]:
         record["dataset_draws"] = _split_draws(watch.session)
         exchanged = self._swap(
@@ -750,12 +751,13 @@ class EpochGuard:
         return found
 
 
-def _planned(source: Any, tape: partition.Tape | None) -> dict[str, Any] | None:
+def _planned(source: Any, tape: partition.Tape | None) -> tuple[list[Any], Any] | None:
     """This rank's whole epoch as its sampler's ``__iter__`` returned it, read without a draw
     or a ``next``: the list a list iterator walks (``__reduce__`` hands it over), found as the
-    index iterator itself or as ``BatchSampler.__iter__``'s ``sampler_iter``, mapped to root
-    samples by ``tape``'s maps; None when the sampler yields lazily (a generator of its own)
-    or the epoch cannot be mapped."""
+    index iterator itself or as ``BatchSampler.__iter__``'s ``sampler_iter``, with ``tape``
+    (whose maps take it to root samples); None when the sampler yields lazily (a generator
+    of its own) or the epoch cannot be mapped. Only the list is kept here (no copy): it is
+    summarised by :func:`_planned_summary` if the check needs it (draws alone differ)."""
     try:
         if tape is None or not tape.known:
             return None
@@ -770,6 +772,18 @@ def _planned(source: Any, tape: partition.Tape | None) -> dict[str, Any] | None:
         items = args[0] if args else None
         if not isinstance(items, list):
             return None  # exhausted
+        return items, tape
+    except Exception:
+        log.debug("rngaudit: could not read the epoch the sampler returned", exc_info=True)
+        return None
+
+
+def _planned_summary(planned: Any) -> dict[str, Any] | None:
+    """The root samples of the epoch :func:`_planned` kept, as a tape summarises them."""
+    try:
+        if not isinstance(planned, tuple):
+            return None
+        items, tape = planned
         epoch = partition.Tape(tape.maps, tape.root_size)
         epoch.take([items])
         summary = epoch.summary()
