@@ -44,6 +44,7 @@ MUST_RAISE = {  # scenario -> first corrupted epoch
     "hf_stream_shuffle_seed_per_rank": 0,
     "self_sharding_rank0_eval": 1,
     "ddp_shuffled_no_sampler": 0,
+    "ddp_big_root_no_sampler": 0,
 }
 # Found by the observed partition when every rank has drawn the epoch's last index batch:
 # loaders no known class shards (a sampler that shards itself, no sampler at all under DDP)
@@ -51,6 +52,7 @@ MUST_RAISE = {  # scenario -> first corrupted epoch
 AT_EPOCH_END = {
     "self_sharding_rank0_eval",
     "ddp_shuffled_no_sampler",
+    "ddp_big_root_no_sampler",  # a root over 2M samples: the sketch
     "ds_subclass_lazy_global_shuffle",  # a warning at the first batch: its epoch is not readable
 }
 MUST_STAY_CLEAN = [
@@ -75,6 +77,7 @@ MUST_STAY_CLEAN = [
     "ddp_presharded_files",
     "dispatch_batches_loader",
     "ds_drop_last",
+    "ddp_big_root_self_shard_twin",
 ]
 # Ranks overlap by design (measured in test_intended_overlap_is_what_it_claims): never an error.
 INTENDED_OVERLAP = {
@@ -253,6 +256,25 @@ def test_the_observed_overlap_is_the_measured_one(runs: dict[str, Any], how: str
     message = runs[how][0]["ddp_shuffled_no_sampler"]["message"]
     assert "every rank was handed the same 32 samples of 32" in message
     assert "2-fold duplication" in message and "DistributedSampler" in message
+
+
+@pytest.mark.parametrize("how", HOWS)
+def test_a_big_roots_overlap_is_estimated_within_its_bound(runs: dict[str, Any], how: str) -> None:
+    """Over a root of 3M samples the sketch says how many samples every rank shared: an
+    estimate whose stated bound holds the count measured without rngaudit."""
+    import re
+
+    plain = [set(runs["none"][r]["ddp_big_root_no_sampler"]["epochs"][0]) for r in range(2)]
+    assert plain[0] == plain[1] and len(plain[0]) == 2048  # the truth: the same samples
+    message = runs[how][0]["ddp_big_root_no_sampler"]["message"]
+    found = re.search(r"handed the same about ([\d,]+) \(± ([\d,]+)\) samples of 3000000", message)
+    assert found, message
+    estimate, spread = (int(g.replace(",", "")) for g in found.groups())
+    assert abs(estimate - 2048) <= spread
+    from rngaudit.epochs import sketch
+
+    assert abs(estimate - 2048) <= sketch.bound(2048, 3_000_000), message
+    assert "hash sample of 1 in" in message and "2-fold duplication" in message
 
 
 @pytest.mark.parametrize("how", HOWS)

@@ -215,6 +215,13 @@ def _never(seen: dict[str, Any]) -> str:
     return sketch.about(int(seen["never_estimate"]), float(seen["never_bound"]))
 
 
+def _union(seen: dict[str, Any]) -> str:
+    """How many samples any rank took, in words."""
+    if not seen.get("estimated"):
+        return str(seen["union"])
+    return sketch.about(int(seen["union"]), float(seen["union_bound"]))
+
+
 def _estimated(seen: dict[str, Any]) -> str:
     """The sentence that says how an estimate was made ("" for an exact count)."""
     if not seen.get("estimated"):
@@ -253,7 +260,7 @@ def planned_overlap(
             continue
         if not beyond_padding(seen, world):
             continue  # measured intact: the ranks order shares that still partition the data
-        never = seen["root_size"] - seen["union"]
+        never = int(seen.get("never_estimate", seen["root_size"] - seen["union"]))
         f.severity = "error"
         f.message += (
             f"\nMeasured before the first batch, from the epoch each rank's sampler returned: "
@@ -459,7 +466,7 @@ def partition_overlap(
     seen = partition.overlap(summaries)
     if seen is None or not beyond_padding(seen, world):
         return None
-    never = seen["root_size"] - seen["union"]
+    never = int(seen.get("never_estimate", seen["root_size"] - seen["union"]))
     counts = ", ".join(f"rank {r}: {n}" for r, n in sorted(seen["per_rank"].items()))
     message = (
         f"In epoch {epoch} of {loader} ({chain}) the ranks were handed overlapping samples: "
@@ -530,13 +537,13 @@ def observed_overlap(
         severity = "warning"
     else:
         severity = "error"
-    never = seen["root_size"] - seen["union"]
+    never = int(seen.get("never_estimate", seen["root_size"] - seen["union"]))
     counts = ", ".join(f"rank {r}: {n}" for r, n in sorted(seen["per_rank"].items()))
     where = f"epoch {epoch} of {loader} ({chain}, sharded by no DistributedSampler)"
     if identical:
         lines = [
             f"In {where} every rank was handed the same "
-            f"{'about ' if estimated else ''}{seen['union']} samples of "
+            f"{_union(seen)} samples of "
             f"{seen['root_size']}: the data-parallel ranks trained on identical batches, a "
             f"{world}-fold duplication of the epoch (observed from the index batches each rank "
             f"drew, while a DistributedDataParallel / FSDP module trained){_estimated(seen)}."

@@ -159,7 +159,7 @@ def overlap(summaries: dict[int, dict[str, Any]], size: int) -> dict[str, Any]:
     def scaled(n: int) -> int:
         return round(n / p)
 
-    shared, never = scaled(shared_kept), scaled(never_kept)
+    shared, never, union = scaled(shared_kept), scaled(never_kept), scaled(union_kept)
     return {
         "root_size": size,
         "estimated": True,
@@ -169,7 +169,8 @@ def overlap(summaries: dict[int, dict[str, Any]], size: int) -> dict[str, Any]:
         "shared_bound": bound_of_estimate(shared, size),
         "never_estimate": never,
         "never_bound": bound_of_estimate(never, size),
-        "union": size - never,
+        "union": union,
+        "union_bound": bound_of_estimate(union, size),
         "per_rank": {r: scaled(int(k.size)) for r, k in keys.items()},
         "repeats": {r: scaled(n) for r, n in repeats_kept.items()},
         "identical": len({s["sketch"]["keys"] for s in summaries.values()}) == 1,

@@ -814,6 +814,50 @@ def odd_ddp_self_shard_twin(ctx: Ctx) -> Plan:
     return Plan(loader, epochs=2, step=_ddp_step(model), keep=model)
 
 
+# --------------------------------------------------------------------------- issue 21 (big roots)
+# A root over the bitmap's 2M samples: what each rank took is kept in the sketch (a hash sample
+# of the root), so an overlap is proven by sampled samples and counted as an estimate.
+N_BIG = 3_000_000
+TAKEN_BIG = 2048  # samples each rank takes per epoch (a short epoch of a big root)
+
+
+class BigRootShard(Sampler[int]):
+    """Every world-th entry of the first ``world * TAKEN_BIG`` of a permutation from
+    ``generator``."""
+
+    def __init__(self, rank: int, world: int, generator: Any) -> None:
+        self.rank, self.world, self.generator = rank, world, generator
+
+    def __len__(self) -> int:
+        return TAKEN_BIG
+
+    def __iter__(self) -> Iterator[int]:
+        perm = torch.randperm(N_BIG, generator=self.generator)[: self.world * TAKEN_BIG]
+        yield from perm[self.rank :: self.world].tolist()
+
+
+def ddp_big_root_no_sampler(ctx: Ctx) -> Plan:
+    """DDP, a shuffled loader over a 3M-sample root taking 2,048 samples per epoch
+    (``RandomSampler(num_samples=)``), no DistributedSampler, identically seeded ranks: every
+    rank trains the same samples."""
+    seed_all(0)
+    model = _ddp_model()
+    ds = Items(N_BIG)
+    sampler = torch.utils.data.RandomSampler(ds, num_samples=TAKEN_BIG)
+    loader = ctx.audited(lambda: DataLoader(ds, batch_size=64, sampler=sampler))
+    return Plan(loader, step=_ddp_step(model), keep=model)
+
+
+def ddp_big_root_self_shard_twin(ctx: Ctx) -> Plan:
+    """The twin: the same DDP loop over the 3M-sample root, sharded by a sampler of its own
+    from a generator seeded alike on every rank: intact."""
+    seed_all(0)
+    model = _ddp_model()
+    sampler = BigRootShard(ctx.rank, ctx.world, torch.Generator().manual_seed(7))
+    loader = ctx.audited(lambda: DataLoader(Items(N_BIG), batch_size=64, sampler=sampler))
+    return Plan(loader, step=_ddp_step(model), keep=model)
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in [
@@ -873,6 +917,8 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("dispatch_batches_loader", dispatch_batches_loader, True),
         Scenario("ds_padding", ds_padding, True),
         Scenario("ds_drop_last", ds_drop_last, True),
+        Scenario("ddp_big_root_no_sampler", ddp_big_root_no_sampler, True),
+        Scenario("ddp_big_root_self_shard_twin", ddp_big_root_self_shard_twin, True),
         Scenario("odd_self_sharding_eval", odd_self_sharding_eval, True),
         Scenario("odd_self_sharding_eval_twin", odd_self_sharding_eval_twin, True),
         Scenario("odd_ddp_shuffled_no_sampler", odd_ddp_shuffled_no_sampler, True),
