@@ -277,6 +277,31 @@ def test_a_big_roots_overlap_is_estimated_within_its_bound(runs: dict[str, Any],
     assert "hash sample of 1 in" in message and "2-fold duplication" in message
 
 
+def test_an_epoch_published_before_the_others_is_compared_when_the_group_goes(
+    runs: dict[str, Any],
+) -> None:
+    """Rank 0 drew its one epoch before rank 1 began it (no collective between them): rank 1
+    compares it at its end; rank 0, which has no later epoch, when the process group is
+    destroyed, with the overlap measured unaudited (a warning: no data-parallel module)."""
+    plain = [set(runs["none"][r]["unsynced_single_epoch"]["epochs"][0]) for r in range(2)]
+    shared, never = len(plain[0] & plain[1]), 40 - len(plain[0] | plain[1])
+    assert shared > 1  # the scenario's claim, measured
+    counts = f"{shared} of 40 samples went to more than one rank, and {never} of them to none"
+    for how in HOWS:
+        for rank in range(NPROC):
+            res = runs[how][rank]["unsynced_single_epoch"]
+            assert (
+                not res["raised"]
+                and res["epochs"] == runs["none"][rank]["unsynced_single_epoch"]["epochs"]
+            ), res
+        at_exit = json.loads((runs[how + "_dir"] / "exit-rank0.json").read_text())
+        assert at_exit["raised"] is None, at_exit
+        said = [w for w in at_exit["warnings"] if "Items(len=40)" in w]
+        assert len(said) == 1 and counts in said[0], at_exit
+    none = json.loads((runs["none_dir"] / "exit-rank0.json").read_text())
+    assert none == {"raised": None, "warnings": [], "log": []}
+
+
 @pytest.mark.parametrize("how", HOWS)
 def test_a_rank0_only_loader_is_never_waited_for(runs: dict[str, Any], how: str) -> None:
     """The evaluation loader rank 0 alone iterates between epochs is never compared or waited

@@ -12,6 +12,7 @@ Two class-level wrappers, installed while something is watched:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import itertools
 import logging
@@ -29,12 +30,13 @@ from rngaudit.capture.instrument import loaders as instrument_loaders
 from rngaudit.capture.patching import PatchSet
 from rngaudit.capture.recorder import RECORDER
 from rngaudit.config import Settings
-from rngaudit.epochs import observed, order_rules, partition, sharding
+from rngaudit.epochs import observed, order_rules, partition, sharding, unpublished
 from rngaudit.findings import Finding
 from rngaudit.ranks import exchange
 from rngaudit.ranks.policy import act
 from rngaudit.reports.model import AuditReport
 from rngaudit.schema import DRAW
+from rngaudit.wording import ranks_phrase
 
 log = logging.getLogger("rngaudit")
 
@@ -124,6 +126,11 @@ class EpochGuard:
         # (iterator class, observing) -> its subclass without our wrappers
         self._plain: dict[tuple[type, bool], type] = {}
         self._count = 0
+        # destroy_process_group wrapped while published epochs wait for a comparison (kept
+        # past the guard's own uninstall: the loaders may be gone, their epochs not compared)
+        self.exit_patches = PatchSet()
+        self._observed_keys: set[str] = set()  # every observed loader this process iterated
+        self._exit_registered = False
 
     # -- what is watched ---------------------------------------------------------------------
     def watch_all(self, watch: Watch) -> None:
@@ -221,6 +228,72 @@ class EpochGuard:
                 stream = module.IterableDatasetShard
                 if not self.patches.replaced(stream, "__iter__"):
                     self.patches.wrap(stream, "__iter__", self._stream_iter)
+
+    def _destroy(
+        self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kw: dict[str, Any]
+    ) -> Any:
+        """Before the process group goes (every rank calls this): the observed epochs some
+        rank had not published are compared now (:mod:`~rngaudit.epochs.unpublished`)."""
+        if not args and not kw:  # the default group (a subgroup's end leaves the store)
+            with RECORDER.paused():
+                self.settle()
+        return wrapped(*args, **kw)
+
+    def _hook_destroy(self) -> None:
+        """Epochs wait in ``later``: compare them before the process group goes, or at exit."""
+        try:
+            for name in _DESTROY_MODULES:
+                module = sys.modules.get(name)
+                if callable(getattr(module, "destroy_process_group", None)) and not (
+                    self.exit_patches.replaced(module, "destroy_process_group")
+                ):
+                    self.exit_patches.wrap(module, "destroy_process_group", self._destroy)
+            if not self._exit_registered:
+                self._exit_registered = True
+                atexit.register(self._at_exit)
+        except Exception:
+            log.debug("rngaudit: could not watch destroy_process_group", exc_info=True)
+
+    def _at_exit(self) -> None:
+        """At interpreter exit with the process group still alive: the same, never raising
+        (an error found there is printed)."""
+        try:
+            if self.later and exchange.distributed() is not None:
+                self.settle()
+        except Exception as exc:
+            sys.stderr.write(f"{exc}\n")
+
+    def settle(self) -> None:
+        """Close this rank's observed loaders, wait (``unpublished.WAIT`` at most) for the
+        other ranks to publish or close the epochs still pending here, and judge those every
+        rank published; those some rank did not are named in a warning (not compared)."""
+        with self._lock:
+            waiting, self.later = self.later, []
+            keys = sorted(self._observed_keys)
+        if not keys and not waiting:
+            return
+        try:
+            unpublished.close(keys)
+            timeout = min([unpublished.WAIT, *(e.watch.settings.timeout for e in waiting)])
+            settled = unpublished.settle(waiting, float(timeout))
+        except Exception:
+            log.warning("rngaudit: could not compare the epochs still pending", exc_info=True)
+            return
+        with self._lock:
+            if not self.later:
+                self.exit_patches.undo()
+        for epoch, published, missing in settled:
+            if published is not None:
+                self._judge(epoch, published)
+            elif missing:
+                log.warning(
+                    "rngaudit: epoch %d of %s was not compared: %s did not publish it before "
+                    "the process group was destroyed (an epoch left early, or a rank still "
+                    "iterating)",
+                    epoch.epoch,
+                    epoch.label,
+                    ranks_phrase(missing),
+                )
 
     def uninstall(self) -> None:
         with self._lock:
@@ -498,6 +571,7 @@ class EpochGuard:
             known.key, known.epochs, known.label, sharding.chain_name(nodes), watch
         )
         known.epochs += 1
+        self._observed_keys.add(known.key)
         observed.start(epoch)
         torch = sys.modules.get("torch")
         training = bool(torch.is_grad_enabled()) if torch is not None else False
@@ -530,6 +604,7 @@ class EpochGuard:
                 self.later = self.later[-observed.MAX_PENDING :]
             for old in dropped:  # never published by every rank (one rank's loader)
                 observed.forget(old)
+            self._hook_destroy()
             return
         self._judge(epoch, got)
 
@@ -793,6 +868,7 @@ def _planned_summary(planned: Any) -> dict[str, Any] | None:
         return None
 
 
+_DESTROY_MODULES = ("torch.distributed", "torch.distributed.distributed_c10d")
 _PLAIN_MARK = "_rngaudit_plain"
 TEE_MAX = partition.MAX_SKETCH_ROOT  # roots observed through a tee (at most FOLD batches held)
 

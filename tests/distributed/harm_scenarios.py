@@ -858,6 +858,31 @@ def ddp_big_root_self_shard_twin(ctx: Ctx) -> Plan:
     return Plan(loader, step=_ddp_step(model), keep=model)
 
 
+# --------------------------------------------------------------------------- issue 21 (at exit)
+N_LATE = 40  # its own root size: its loader's label names only this scenario's
+
+
+def unsynced_single_epoch(ctx: Ctx) -> Plan:
+    """No DDP, a sampler that shards a permutation of the global generator, per-rank seeds,
+    one epoch; the other ranks start it only once rank 0 has finished it (a barrier): rank 0
+    published the epoch before any other rank announced it, so it has no later epoch to compare
+    it at. The ranks' shares overlap (no data-parallel module: a warning), which rank 0 is
+    told when the process group is destroyed."""
+    seed_all(100 + ctx.rank)
+    sampler = RankShardSampler(N_LATE, ctx.rank, ctx.world)
+    loader = ctx.audited(lambda: DataLoader(Items(N_LATE), batch_size=4, sampler=sampler))
+
+    def before(epoch: int) -> None:
+        if ctx.rank != 0:
+            dist.barrier()
+
+    def after(epoch: int) -> None:
+        if ctx.rank == 0:
+            dist.barrier()
+
+    return Plan(loader, before_epoch=before, after_epoch=after)
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in [
@@ -919,6 +944,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("ds_drop_last", ds_drop_last, True),
         Scenario("ddp_big_root_no_sampler", ddp_big_root_no_sampler, True),
         Scenario("ddp_big_root_self_shard_twin", ddp_big_root_self_shard_twin, True),
+        Scenario("unsynced_single_epoch", unsynced_single_epoch, True),
         Scenario("odd_self_sharding_eval", odd_self_sharding_eval, True),
         Scenario("odd_self_sharding_eval_twin", odd_self_sharding_eval_twin, True),
         Scenario("odd_ddp_shuffled_no_sampler", odd_ddp_shuffled_no_sampler, True),
@@ -1015,9 +1041,42 @@ def main(argv: list[str] | None = None) -> int:
         path.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
     finally:
         faulthandler.cancel_dump_traceback_later()
-        with contextlib.suppress(Exception):
-            dist.destroy_process_group()
+        at_exit = _destroyed()
+        (args.outdir / f"exit-rank{rank}.json").write_text(json.dumps(at_exit, indent=1) + "\n")
     return status
+
+
+def _destroyed() -> dict[str, Any]:
+    """``destroy_process_group()``: the rngaudit warnings and log lines it issued, what it
+    raised (the observed epochs still pending are compared there)."""
+    import logging
+    import warnings
+
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    handler = Keep(logging.WARNING)
+    logging.getLogger("rngaudit").addHandler(handler)
+    out: dict[str, Any] = {"raised": None}
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                dist.destroy_process_group()
+            except Exception as exc:
+                out["raised"] = f"{type(exc).__name__}: {exc}"
+                with contextlib.suppress(Exception):
+                    dist.destroy_process_group()
+        out["warnings"] = [
+            str(w.message) for w in caught if w.category.__name__ == "RNGAuditWarning"
+        ]
+    finally:
+        logging.getLogger("rngaudit").removeHandler(handler)
+    out["log"] = lines
+    return out
 
 
 if __name__ == "__main__":
