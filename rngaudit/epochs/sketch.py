@@ -22,6 +22,7 @@ _SEED = 0x9E3779B97F4A7C15
 _M1 = 0xFF51AFD7ED558CCD
 _M2 = 0xC4CEB9FE1A85EC53
 _CHUNK = 1 << 22
+MAX_UNIVERSE = 1 << 28  # roots hashed whole to count the kept universe exactly (~3 s at most)
 
 
 def rate(root_size: int) -> float:
@@ -56,15 +57,19 @@ def kept(keys: Any, root_size: int) -> Any:
     return keys[_mix(keys) < np.uint64(_threshold(root_size))]
 
 
-@functools.lru_cache(maxsize=8)
 def universe(root_size: int) -> int:
     """How many of the root's samples the sample keeps (exact: every index hashed once per
     root size and process, in chunks)."""
-    import numpy as np
-
     if rate(root_size) >= 1.0:
         return root_size
-    limit = np.uint64(_threshold(root_size))
+    return _universe(root_size, _threshold(root_size))
+
+
+@functools.lru_cache(maxsize=8)
+def _universe(root_size: int, threshold: int) -> int:
+    import numpy as np
+
+    limit = np.uint64(threshold)
     total = 0
     for start in range(0, root_size, _CHUNK):
         block = np.arange(start, min(root_size, start + _CHUNK), dtype=np.int64)
@@ -76,7 +81,11 @@ def bound(count: float, root_size: int, delta: float = DELTA) -> float:
     """How far an estimated count (kept count / rate) may be from the true one, with
     probability at least ``1 - delta`` (Bernstein's inequality for a binomial sample of the
     true ``count`` at the rate; the hash taken as random). 0 when every sample is kept."""
-    p = rate(root_size)
+    return bound_at(count, rate(root_size), delta)
+
+
+def bound_at(count: float, p: float, delta: float = DELTA) -> float:
+    """:func:`bound` for a sample kept at rate ``p``."""
     if p >= 1.0:
         return 0.0
     log = math.log(2.0 / delta)
@@ -149,8 +158,10 @@ def overlap(summaries: dict[int, dict[str, Any]], size: int) -> dict[str, Any]:
     shared_kept = int((ranks_per_key > 1).sum())
     union_kept = int(unique.size)
     # how many kept keys no rank took: exact against the kept universe (one hash of every
-    # index, once per root size), paid only where an overlap is to be reported
-    never_kept = (universe(size) - union_kept) if shared_kept else round(size * p) - union_kept
+    # index, once per root size), paid only where an overlap is to be reported and the root
+    # is not too large to hash whole; else against its expected size (a wider bound)
+    exact = bool(shared_kept) and size <= MAX_UNIVERSE
+    never_kept = (universe(size) if exact else round(size * p)) - union_kept
     repeats_kept = {}
     for r, s in summaries.items():
         counts = _unpack(s["sketch"]["repeats"])
@@ -168,7 +179,7 @@ def overlap(summaries: dict[int, dict[str, Any]], size: int) -> dict[str, Any]:
         "shared_proven": shared_kept,
         "shared_bound": bound_of_estimate(shared, size),
         "never_estimate": never,
-        "never_bound": bound_of_estimate(never, size),
+        "never_bound": bound_of_estimate(never, size) + (0.0 if exact else bound(size, size)),
         "union": union,
         "union_bound": bound_of_estimate(union, size),
         "per_rank": {r: scaled(int(k.size)) for r, k in keys.items()},
