@@ -126,7 +126,7 @@ class EpochGuard:
         # (iterator class, observing) -> its subclass without our wrappers
         self._plain: dict[tuple[type, bool], type] = {}
         self._count = 0
-        # destroy_process_group wrapped while published epochs wait for a comparison (kept
+        # destroy_process_group wrapped once a loader is observed, until the group goes (kept
         # past the guard's own uninstall: the loaders may be gone, their epochs not compared)
         self.exit_patches = PatchSet()
         self._observed_keys: set[str] = set()  # every observed loader this process iterated
@@ -240,7 +240,8 @@ class EpochGuard:
         return wrapped(*args, **kw)
 
     def _hook_destroy(self) -> None:
-        """Epochs wait in ``later``: compare them before the process group goes, or at exit."""
+        """This rank observes a loader no known class shards: before the process group goes
+        (or at exit) it closes it and compares the epochs still waiting in ``later``."""
         try:
             for name in _DESTROY_MODULES:
                 module = sys.modules.get(name)
@@ -276,12 +277,11 @@ class EpochGuard:
             unpublished.close(keys)
             timeout = min([unpublished.WAIT, *(e.watch.settings.timeout for e in waiting)])
             settled = unpublished.settle(waiting, float(timeout))
-        except Exception:
-            log.warning("rngaudit: could not compare the epochs still pending", exc_info=True)
+        except Exception as exc:  # the store gone first (its host rank ended): one line
+            log.warning("rngaudit: could not compare the epochs still pending (%r)", exc)
             return
         with self._lock:
-            if not self.later:
-                self.exit_patches.undo()
+            self.exit_patches.undo()  # the process group goes: nothing more to close
         for epoch, published, missing in settled:
             if published is not None:
                 self._judge(epoch, published)
@@ -572,6 +572,7 @@ class EpochGuard:
         )
         known.epochs += 1
         self._observed_keys.add(known.key)
+        self._hook_destroy()  # this rank closes the loader there: no rank waits for it
         observed.start(epoch)
         torch = sys.modules.get("torch")
         training = bool(torch.is_grad_enabled()) if torch is not None else False
@@ -604,7 +605,6 @@ class EpochGuard:
                 self.later = self.later[-observed.MAX_PENDING :]
             for old in dropped:  # never published by every rank (one rank's loader)
                 observed.forget(old)
-            self._hook_destroy()
             return
         self._judge(epoch, got)
 
