@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import random
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -159,3 +160,18 @@ def test_a_sketched_epoch_hands_out_what_the_unaudited_loader_does(
     assert got == expected and torch.equal(torch.get_rng_state(), state)
     assert summarised and set(summarised) == {size}  # read ahead, and at the end
     rngaudit.wait_for_reports()
+
+
+def test_a_long_index_list_over_a_big_root_is_converted_once_and_read_afresh_when_moved() -> None:
+    indices = list(range(200_000))
+    big = D.Subset(_Items(partition.MAX_ROOT + 1), indices)
+    first = partition.root_mapping(big)
+    again = partition.root_mapping(big)
+    assert first is not None and again is not None and again[0][0] is first[0][0]
+    random.Random(0).shuffle(indices)  # in place: the evenly spaced entries move
+    moved = partition.root_mapping(big)
+    assert moved is not None and moved[0][0] is not first[0][0]
+    assert moved[0][0].tolist() == indices
+    small = D.Subset(_Items(partition.MAX_ROOT), list(range(200_000)))  # a bitmap's: exact
+    a, b = partition.root_mapping(small), partition.root_mapping(small)
+    assert a is not None and b is not None and a[0][0] is not b[0][0]

@@ -256,10 +256,10 @@ class EpochGuard:
             log.debug("rngaudit: could not watch destroy_process_group", exc_info=True)
 
     def _at_exit(self) -> None:
-        """At interpreter exit with the process group still alive: the same, never raising
-        (an error found there is printed)."""
+        """At interpreter exit with the process group still alive and not settled (no
+        ``destroy_process_group()``): the same, never raising (an error found is printed)."""
         try:
-            if self.later and exchange.distributed() is not None:
+            if len(self.exit_patches) and exchange.distributed() is not None:
                 self.settle()
         except Exception as exc:
             sys.stderr.write(f"{exc}\n")

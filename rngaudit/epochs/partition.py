@@ -114,16 +114,18 @@ def _value_digest(value: Any, crc: Any) -> str:
 def root_mapping(dataset: Any, limit: int = MAX_SKETCH_ROOT) -> tuple[list[Any], int] | None:
     """The index arrays from the loader's index space to the root dataset's, outermost first,
     and the root's size; None when a level cannot be read safely or the root holds more than
-    ``limit`` samples (checked before any index list is converted). A long list is converted
-    once and reused while it is the same list of the same length with the same entries at
-    ``_SAMPLED`` evenly spaced places (read afresh each time: a reshuffle in place moves them)."""
+    ``limit`` samples (checked before any index list is converted). Over a root of more than
+    ``MAX_ROOT`` samples (a sketch's), a long list is converted once and reused while it is
+    the same list of the same length with the same entries at ``_SAMPLED`` evenly spaced
+    places (read afresh each time: a reshuffle in place moves them)."""
     np = sys.modules.get("numpy")
     nodes: list[Any] = []
     found = _levels(dataset, nodes)
     if np is None or found is None or found[1] > limit:
         return None
     try:
-        maps = [_converted(node, level) for node, level in zip(nodes, found[0], strict=True)]
+        cache = found[1] > MAX_ROOT  # a sketch's roots; a bitmap's mapping is read exactly
+        maps = [_converted(node, level, cache) for node, level in zip(nodes, found[0], strict=True)]
     except Exception:
         return None
     return maps, found[1]
@@ -136,11 +138,12 @@ _CONVERTED: weakref.WeakKeyDictionary[Any, tuple[int, int, bytes, Any]] = (
 )
 
 
-def _converted(node: Any, level: Any) -> Any:
-    """``level`` (``node``'s ``indices``) as a flat int64 array."""
+def _converted(node: Any, level: Any, cache: bool) -> Any:
+    """``level`` (``node``'s ``indices``) as a flat int64 array (``cache``: a long list
+    converted once, see :func:`root_mapping`)."""
     import numpy as np
 
-    if not isinstance(level, list) or len(level) <= _LONG:
+    if not cache or not isinstance(level, list) or len(level) <= _LONG:
         return np.asarray(level, dtype=np.int64).reshape(-1)
     n = len(level)
     step = n / _SAMPLED
