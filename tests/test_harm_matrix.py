@@ -302,6 +302,23 @@ def test_an_epoch_published_before_the_others_is_compared_when_the_group_goes(
     assert none == {"raised": None, "warnings": [], "log": []}
 
 
+def test_a_rank_that_left_its_epoch_early_is_named_when_the_group_goes(
+    runs: dict[str, Any],
+) -> None:
+    """Rank 1 took two batches of its share and left (a break); rank 0 drew all of its own:
+    nothing is compared (no error, no overlap claimed), and rank 0 names rank 1."""
+    plain = [runs["none"][r]["unsynced_left_early"]["epochs"][0] for r in range(2)]
+    assert len(plain[0]) == 22 and len(plain[1]) == 8  # the truth: rank 1 left after 2 of 6
+    for how in HOWS:
+        for rank in range(NPROC):
+            res = runs[how][rank]["unsynced_left_early"]
+            assert not res["raised"] and res["epochs"][0] == plain[rank], res
+        at_exit = json.loads((runs[how + "_dir"] / "exit-rank0.json").read_text())
+        named = [line for line in at_exit["log"] if "Items(len=44)" in line]
+        assert len(named) == 1 and "rank 1 did not publish it" in named[0], at_exit
+        assert not [w for w in at_exit["warnings"] if "Items(len=44)" in w]
+
+
 @pytest.mark.parametrize("how", HOWS)
 def test_a_rank0_only_loader_is_never_waited_for(runs: dict[str, Any], how: str) -> None:
     """The evaluation loader rank 0 alone iterates between epochs is never compared or waited

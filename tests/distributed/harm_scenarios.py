@@ -883,6 +883,41 @@ def unsynced_single_epoch(ctx: Ctx) -> Plan:
     return Plan(loader, before_epoch=before, after_epoch=after)
 
 
+N_EARLY = 44  # its own root size, as N_LATE
+
+
+def unsynced_left_early(ctx: Ctx) -> Plan:
+    """As ``unsynced_single_epoch`` (shares of one shared permutation: intact), but the other
+    ranks leave their epoch after two batches (a ``break``): rank 0's published epoch cannot be
+    compared, and it names them when the process group is destroyed (they closed: no wait)."""
+    seed_all(42)
+    sampler = RankShardSampler(N_EARLY, ctx.rank, ctx.world)
+    loader = ctx.audited(lambda: DataLoader(Items(N_EARLY), batch_size=4, sampler=sampler))
+
+    def before(epoch: int) -> None:
+        if ctx.rank != 0:
+            dist.barrier()
+
+    def after(epoch: int) -> None:
+        if ctx.rank == 0:
+            dist.barrier()
+
+    taken = loader if ctx.rank == 0 else _FirstBatches(loader, 2)
+    return Plan(taken, before_epoch=before, after_epoch=after)
+
+
+class _FirstBatches:
+    """Each iteration: the loader's first ``n`` batches, then a ``break`` out of its epoch."""
+
+    def __init__(self, loader: Any, n: int) -> None:
+        self.loader, self.n = loader, n
+
+    def __iter__(self) -> Iterator[Any]:
+        it = iter(self.loader)
+        for _ in range(self.n):
+            yield next(it)
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in [
@@ -944,6 +979,10 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("ds_drop_last", ds_drop_last, True),
         Scenario("ddp_big_root_no_sampler", ddp_big_root_no_sampler, True),
         Scenario("ddp_big_root_self_shard_twin", ddp_big_root_self_shard_twin, True),
+        # the last loaders of the launch that rngaudit observes: what they leave pending is
+        # compared when the process group is destroyed (a later observed epoch would compare
+        # it earlier, at its first index batch)
+        Scenario("unsynced_left_early", unsynced_left_early, True),
         Scenario("unsynced_single_epoch", unsynced_single_epoch, True),
         Scenario("odd_self_sharding_eval", odd_self_sharding_eval, True),
         Scenario("odd_self_sharding_eval_twin", odd_self_sharding_eval_twin, True),
