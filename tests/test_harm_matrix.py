@@ -45,6 +45,7 @@ MUST_RAISE = {  # scenario -> first corrupted epoch
     "self_sharding_rank0_eval": 1,
     "self_sharding_lazy_rank0_eval": 1,
     "ddp_shuffled_no_sampler": 0,
+    "ddp_big_root_no_sampler": 0,
 }
 # Found by the observed partition when every rank has drawn the epoch's last index batch.
 AT_EPOCH_END = {
@@ -58,6 +59,7 @@ AT_FIRST_STEP = {
     "self_sharding_rank0_eval",
     "ddp_shuffled_no_sampler",
     "self_sharding_lazy_rank0_eval",  # by its first batches: the rest is not readable ahead
+    "ddp_big_root_no_sampler",  # a root over 2M samples: the sketch
 }
 MUST_STAY_CLEAN = [
     "ds_shared_seed_per_rank_global",
@@ -82,6 +84,7 @@ MUST_STAY_CLEAN = [
     "ddp_rank_part_in_getitem",
     "dispatch_batches_loader",
     "ds_drop_last",
+    "ddp_big_root_self_shard_twin",
 ]
 # Ranks overlap by design (measured in test_intended_overlap_is_what_it_claims): never an error.
 INTENDED_OVERLAP = {
@@ -316,6 +319,67 @@ def test_nothing_stays_on_the_forward_path(runs: dict[str, Any], how: str) -> No
 
 
 @pytest.mark.parametrize("how", HOWS)
+def test_a_big_roots_overlap_is_estimated_within_its_bound(runs: dict[str, Any], how: str) -> None:
+    """Over a root of 3M samples the sketch says how many samples every rank shared: an
+    estimate whose stated bound holds the count measured without rngaudit."""
+    import re
+
+    plain = [set(runs["none"][r]["ddp_big_root_no_sampler"]["epochs"][0]) for r in range(2)]
+    assert plain[0] == plain[1] and len(plain[0]) == 2048  # the truth: the same samples
+    message = runs[how][0]["ddp_big_root_no_sampler"]["message"]
+    found = re.search(r"handed the same about ([\d,]+) \(± ([\d,]+)\) samples of 3000000", message)
+    assert found, message
+    estimate, spread = (int(g.replace(",", "")) for g in found.groups())
+    assert abs(estimate - 2048) <= spread
+    from rngaudit.epochs import sketch
+
+    assert abs(estimate - 2048) <= sketch.bound(2048, 3_000_000), message
+    assert "hash sample of 1 in" in message and "2-fold duplication" in message
+
+
+def test_an_epoch_published_before_the_others_is_compared_when_the_group_goes(
+    runs: dict[str, Any],
+) -> None:
+    """Rank 0 drew its one epoch before rank 1 began it (no collective between them): rank 1
+    compares it at its end; rank 0, which has no later epoch, when the process group is
+    destroyed, with the overlap measured unaudited (a warning: no data-parallel module)."""
+    plain = [set(runs["none"][r]["unsynced_single_epoch"]["epochs"][0]) for r in range(2)]
+    shared, never = len(plain[0] & plain[1]), 40 - len(plain[0] | plain[1])
+    assert shared > 1  # the scenario's claim, measured
+    counts = f"{shared} of 40 samples went to more than one rank, and {never} of them to none"
+    for how in HOWS:
+        for rank in range(NPROC):
+            res = runs[how][rank]["unsynced_single_epoch"]
+            assert (
+                not res["raised"]
+                and res["epochs"] == runs["none"][rank]["unsynced_single_epoch"]["epochs"]
+            ), res
+        at_exit = json.loads((runs[how + "_dir"] / "exit-rank0.json").read_text())
+        assert at_exit["raised"] is None, at_exit
+        said = [w for w in at_exit["warnings"] if " of 40 samples " in w]
+        assert len(said) == 1 and counts in said[0], at_exit
+    none = json.loads((runs["none_dir"] / "exit-rank0.json").read_text())
+    assert none == {"raised": None, "warnings": [], "log": []}
+
+
+def test_a_rank_that_left_its_epoch_early_is_named_when_the_group_goes(
+    runs: dict[str, Any],
+) -> None:
+    """Rank 1 took two batches of its share and left (a break); rank 0 drew all of its own:
+    nothing is compared (no error, no overlap claimed), and rank 0 names rank 1."""
+    plain = [runs["none"][r]["unsynced_left_early"]["epochs"][0] for r in range(2)]
+    assert len(plain[0]) == 22 and len(plain[1]) == 8  # the truth: rank 1 left after 2 of 6
+    for how in HOWS:
+        for rank in range(NPROC):
+            res = runs[how][rank]["unsynced_left_early"]
+            assert not res["raised"] and res["epochs"][0] == plain[rank], res
+        at_exit = json.loads((runs[how + "_dir"] / "exit-rank0.json").read_text())
+        named = [line for line in at_exit["log"] if "was not compared" in line]
+        assert len(named) == 1 and "rank 1 did not publish it" in named[0], at_exit
+        assert not [w for w in at_exit["warnings"] if " of 44 samples " in w]
+
+
+@pytest.mark.parametrize("how", HOWS)
 def test_a_rank0_only_loader_is_never_waited_for(runs: dict[str, Any], how: str) -> None:
     """The evaluation loader rank 0 alone iterates between epochs is never compared or waited
     for (the training loader every rank iterates is waited for at an epoch's end when every
@@ -479,3 +543,21 @@ def test_slurm_style_ranks_are_audited(
         )
     names = sorted(p.name for p in (outdir / "report").iterdir() if p.is_file())
     assert names == ["rank-0.json", "rank-1.json", "report.json"]
+
+
+@pytest.mark.parametrize("how", HOWS)
+def test_same_indices_with_different_content_is_a_warning_that_says_so(
+    runs: dict[str, Any], how: str
+) -> None:
+    """ddp_rank_part_in_getitem: every rank draws the same indices, its dataset maps them to
+    the rank's own part (intact, measured by the items): never an error, but said, since a
+    per-rank augmentation of the same samples would look the same."""
+    res = runs["none"]
+    items = [set(i for e in res[r]["ddp_rank_part_in_getitem"]["epochs"] for i in e)
+             for r in range(NPROC)]  # fmt: skip
+    assert not set.intersection(*items)  # the truth: the ranks' items are disjoint
+    merged = json.loads((runs[how + "_dir"] / "report" / "report.json").read_text())
+    said = [f for f in merged["findings"] if f.get("details", {}).get("content_differs")]
+    assert said, how
+    assert all(f["severity"] == "warning" for f in said)
+    assert all("picks its part by rank" in f["message"] for f in said)

@@ -12,6 +12,7 @@ Two class-level wrappers, installed while something is watched:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import itertools
 import logging
@@ -31,12 +32,21 @@ from rngaudit.capture.instrument import loaders as instrument_loaders
 from rngaudit.capture.patching import PatchSet
 from rngaudit.capture.recorder import RECORDER
 from rngaudit.config import Settings
-from rngaudit.epochs import ahead, first_step, observed, order_rules, partition, sharding
+from rngaudit.epochs import (
+    ahead,
+    first_step,
+    observed,
+    order_rules,
+    partition,
+    sharding,
+    unpublished,
+)
 from rngaudit.findings import Finding
 from rngaudit.ranks import exchange
 from rngaudit.ranks.policy import act
 from rngaudit.reports.model import AuditReport
 from rngaudit.schema import DRAW
+from rngaudit.wording import ranks_phrase
 
 log = logging.getLogger("rngaudit")
 
@@ -126,6 +136,11 @@ class EpochGuard:
         # (iterator class, observing) -> its subclass without our wrappers
         self._plain: dict[tuple[type, bool], type] = {}
         self._count = 0
+        # destroy_process_group wrapped once a loader is observed, until the group goes (kept
+        # past the guard's own uninstall: the loaders may be gone, their epochs not compared)
+        self.exit_patches = PatchSet()
+        self._observed_keys: set[str] = set()  # every observed loader this process iterated
+        self._exit_registered = False
 
     # -- what is watched ---------------------------------------------------------------------
     def watch_all(self, watch: Watch) -> None:
@@ -227,6 +242,72 @@ class EpochGuard:
                 stream = module.IterableDatasetShard
                 if not self.patches.replaced(stream, "__iter__"):
                     self.patches.wrap(stream, "__iter__", self._stream_iter)
+
+    def _destroy(
+        self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kw: dict[str, Any]
+    ) -> Any:
+        """Before the process group goes (every rank calls this): the observed epochs some
+        rank had not published are compared now (:mod:`~rngaudit.epochs.unpublished`)."""
+        if not args and not kw:  # the default group (a subgroup's end leaves the store)
+            with RECORDER.paused():
+                self.settle()
+        return wrapped(*args, **kw)
+
+    def _hook_destroy(self) -> None:
+        """This rank observes a loader no known class shards: before the process group goes
+        (or at exit) it closes it and compares the epochs still waiting in ``later``."""
+        try:
+            for name in _DESTROY_MODULES:
+                module = sys.modules.get(name)
+                if callable(getattr(module, "destroy_process_group", None)) and not (
+                    self.exit_patches.replaced(module, "destroy_process_group")
+                ):
+                    self.exit_patches.wrap(module, "destroy_process_group", self._destroy)
+            if not self._exit_registered:
+                self._exit_registered = True
+                atexit.register(self._at_exit)
+        except Exception:
+            log.debug("rngaudit: could not watch destroy_process_group", exc_info=True)
+
+    def _at_exit(self) -> None:
+        """At interpreter exit with the process group still alive and not settled (no
+        ``destroy_process_group()``): the same, never raising (an error found is printed)."""
+        try:
+            if len(self.exit_patches) and exchange.distributed() is not None:
+                self.settle()
+        except Exception as exc:
+            sys.stderr.write(f"{exc}\n")
+
+    def settle(self) -> None:
+        """Close this rank's observed loaders, wait (``unpublished.WAIT`` at most) for the
+        other ranks to publish or close the epochs still pending here, and judge those every
+        rank published; those some rank did not are named in a warning (not compared)."""
+        with self._lock:
+            waiting, self.later = self.later, []
+            keys = sorted(self._observed_keys)
+        if not keys and not waiting:
+            return
+        try:
+            unpublished.close(keys)
+            timeout = min([unpublished.WAIT, *(e.watch.settings.timeout for e in waiting)])
+            settled = unpublished.settle(waiting, float(timeout))
+        except Exception as exc:  # the store gone first (its host rank ended): one line
+            log.warning("rngaudit: could not compare the epochs still pending (%r)", exc)
+            return
+        with self._lock:
+            self.exit_patches.undo()  # the process group goes: nothing more to close
+        for epoch, published, missing in settled:
+            if published is not None:
+                self._judge(epoch, published)
+            elif missing:
+                log.warning(
+                    "rngaudit: epoch %d of %s was not compared: %s did not publish it before "
+                    "the process group was destroyed (an epoch left early, or a rank still "
+                    "iterating)",
+                    epoch.epoch,
+                    epoch.label,
+                    ranks_phrase(missing),
+                )
 
     def uninstall(self) -> None:
         with self._lock:
@@ -517,6 +598,8 @@ class EpochGuard:
             known.key, known.epochs, known.label, sharding.chain_name(nodes), watch
         )
         known.epochs += 1
+        self._observed_keys.add(known.key)
+        self._hook_destroy()  # this rank closes the loader there: no rank waits for it
         observed.start(epoch)
         torch = sys.modules.get("torch")
         training = bool(torch.is_grad_enabled()) if torch is not None else False
@@ -560,8 +643,7 @@ class EpochGuard:
         found: list[Finding] = []
         label = f"observed partition of epoch {epoch.epoch} of {epoch.label} ({epoch.chain})"
         try:
-            if order_rules.unlike_content(published):
-                return
+            unlike = order_rules.unlike_content(published)
             summaries = {r: p.get("ahead") or {} for r, p in published.items()}
             if _one_loader(summaries):
                 finding, exact = order_rules.observed_overlap(
@@ -576,6 +658,8 @@ class EpochGuard:
                 )
             else:
                 return
+            if finding is not None and unlike:
+                finding = order_rules.content_differs(finding)
             if finding is not None:
                 found.append(finding)
                 first_step.DECIDED.add((epoch.key, epoch.epoch))
@@ -656,8 +740,9 @@ class EpochGuard:
             summaries = {int(r["rank"]): r for r in published}
             if (epoch.key, epoch.epoch) in first_step.DECIDED:
                 return  # judged, with a finding, before its first training step
-            if not _one_loader(summaries) or order_rules.unlike_content(summaries):
+            if not _one_loader(summaries):
                 return
+            unlike = order_rules.unlike_content(summaries)
             # a data-parallel signal only when every rank published one; the overlap is then
             # judged within this rank's data-parallel group
             data_parallel = all(s.get("data_parallel") for s in summaries.values())
@@ -672,6 +757,8 @@ class EpochGuard:
             )  # fmt: skip
             if exact:
                 self.partitioned.add(epoch.key)
+            if finding is not None and unlike:
+                finding = order_rules.content_differs(finding)
             if finding is not None:
                 found.append(finding)
                 epoch.watch.session.add_check(label, found)
@@ -717,7 +804,7 @@ class EpochGuard:
         record: schema.EpochRecord,
         watch: Watch,
         state: _LoaderState,
-        planned: dict[str, Any] | None,
+        planned: Any,
     ) -> list[Finding]:
         """The sampler drew its order from state that differs across ranks while its seed and
         epoch agree: the harm is decided by what the ranks are about to be handed. Each rank's
@@ -727,7 +814,7 @@ class EpochGuard:
         mine = {
             "loader": record["loader"],
             "epoch": record["epoch"],
-            "planned": planned or {"known": False},
+            "planned": _planned_summary(planned) or {"known": False},
         }
         result = self._swap(mine, f"planned/{state.index}/{state.checks}", watch, "order")
         rows = result[0] if result is not None else []
@@ -774,8 +861,9 @@ class EpochGuard:
         except Exception:  # the auditor must never break the loader
             log.warning("rngaudit: could not prepare the order check", exc_info=True)
             return
-        planned = (peek.attr(iterator, "__dict__") or {}).get("_rngaudit_planned")
+        planned = (peek.attr(iterator, "__dict__") or {}).pop("_rngaudit_planned", None)
         found = self._exchange(record, watch, state, planned)
+        del planned  # the epoch's list, kept only for this check
         with self._lock:
             state.checks += 1
             state.previous = record
@@ -819,7 +907,7 @@ class EpochGuard:
         record: schema.EpochRecord,
         watch: Watch,
         state: _LoaderState,
-        planned: dict[str, Any] | None = None,
+        planned: Any = None,
     ) -> list[Finding]:
         record["dataset_draws"] = _split_draws(watch.session)
         exchanged = self._swap(
@@ -847,12 +935,13 @@ class EpochGuard:
         return found
 
 
-def _planned(source: Any, tape: partition.Tape | None) -> dict[str, Any] | None:
+def _planned(source: Any, tape: partition.Tape | None) -> tuple[list[Any], Any] | None:
     """This rank's whole epoch as its sampler's ``__iter__`` returned it, read without a draw
     or a ``next``: the list a list iterator walks (``__reduce__`` hands it over), found as the
-    index iterator itself or as ``BatchSampler.__iter__``'s ``sampler_iter``, mapped to root
-    samples by ``tape``'s maps; None when the sampler yields lazily (a generator of its own)
-    or the epoch cannot be mapped."""
+    index iterator itself or as ``BatchSampler.__iter__``'s ``sampler_iter``, with ``tape``
+    (whose maps take it to root samples); None when the sampler yields lazily (a generator
+    of its own) or the epoch cannot be mapped. Only the list is kept here (no copy): it is
+    summarised by :func:`_planned_summary` if the check needs it (draws alone differ)."""
     try:
         if tape is None or not tape.known:
             return None
@@ -867,6 +956,18 @@ def _planned(source: Any, tape: partition.Tape | None) -> dict[str, Any] | None:
         items = args[0] if args else None
         if not isinstance(items, list):
             return None  # exhausted
+        return items, tape
+    except Exception:
+        log.debug("rngaudit: could not read the epoch the sampler returned", exc_info=True)
+        return None
+
+
+def _planned_summary(planned: Any) -> dict[str, Any] | None:
+    """The root samples of the epoch :func:`_planned` kept, as a tape summarises them."""
+    try:
+        if not isinstance(planned, tuple):
+            return None
+        items, tape = planned
         epoch = partition.Tape(tape.maps, tape.root_size)
         epoch.take([items])
         summary = epoch.summary()
@@ -876,8 +977,9 @@ def _planned(source: Any, tape: partition.Tape | None) -> dict[str, Any] | None:
         return None
 
 
+_DESTROY_MODULES = ("torch.distributed", "torch.distributed.distributed_c10d")
 _PLAIN_MARK = "_rngaudit_plain"
-TEE_MAX = partition.MAX_ROOT  # roots observed through a tee (at most FOLD batches held)
+TEE_MAX = partition.MAX_SKETCH_ROOT  # roots observed through a tee (at most FOLD batches held)
 
 
 def _tee_classes() -> tuple[type, ...]:

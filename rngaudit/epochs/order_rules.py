@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from rngaudit import findings as fk
-from rngaudit.epochs import partition
+from rngaudit.epochs import partition, sketch
 from rngaudit.findings import Finding
 from rngaudit.schema import EpochRecord, SamplerDraw
 from rngaudit.wording import format_site, ranks_phrase
@@ -195,8 +196,42 @@ def beyond_padding(seen: dict[str, Any], world: int) -> bool:
     """Whether a measured overlap (:func:`~rngaudit.epochs.partition.overlap`) is harm: more
     samples shared than a DistributedSampler's padding (``world - 1``), while no rank repeats
     more than that within its own share (sampling with replacement, where ranks may overlap
-    by design)."""
-    return int(seen["shared"]) > world - 1 and max(seen["repeats"].values()) <= world - 1
+    by design). Where the overlap is estimated (a sketch), only the samples proven shared
+    count."""
+    shared = int(seen.get("shared_proven", seen["shared"]))
+    return shared > world - 1 and max(seen["repeats"].values()) <= world - 1
+
+
+def _shared(seen: dict[str, Any]) -> str:
+    """How many samples more than one rank took, in words (an estimate says so)."""
+    if not seen.get("estimated"):
+        return str(seen["shared"])
+    return sketch.about(int(seen["shared"]), float(seen["shared_bound"]))
+
+
+def _never(seen: dict[str, Any]) -> str:
+    """How many samples no rank took, in words."""
+    if not seen.get("estimated"):
+        return str(seen["root_size"] - seen["union"])
+    return sketch.about(int(seen["never_estimate"]), float(seen["never_bound"]))
+
+
+def _union(seen: dict[str, Any]) -> str:
+    """How many samples any rank took, in words."""
+    if not seen.get("estimated"):
+        return str(seen["union"])
+    return sketch.about(int(seen["union"]), float(seen["union_bound"]))
+
+
+def _estimated(seen: dict[str, Any]) -> str:
+    """The sentence that says how an estimate was made ("" for an exact count)."""
+    if not seen.get("estimated"):
+        return ""
+    return (
+        f" (estimated from a hash sample of 1 in {round(1 / float(seen['rate'])):,} root "
+        f"samples, the same on every rank: {seen['shared_proven']} sampled samples were taken "
+        "by more than one rank; bounds hold with probability 1 - 1e-9)"
+    )
 
 
 def planned_overlap(
@@ -226,12 +261,12 @@ def planned_overlap(
             continue
         if not beyond_padding(seen, world):
             continue  # measured intact: the ranks order shares that still partition the data
-        never = seen["root_size"] - seen["union"]
+        never = int(seen.get("never_estimate", seen["root_size"] - seen["union"]))
         f.severity = "error"
         f.message += (
             f"\nMeasured before the first batch, from the epoch each rank's sampler returned: "
-            f"{seen['shared']} of {seen['root_size']} samples are in more than one rank's share "
-            f"and {never} in none."
+            f"{_shared(seen)} of {seen['root_size']} samples are in more than one rank's share "
+            f"and {_never(seen)} in none{_estimated(seen)}."
         )
         f.details.update(shared=seen["shared"], never=never, root_size=seen["root_size"])
         out.append(f)
@@ -432,14 +467,14 @@ def partition_overlap(
     seen = partition.overlap(summaries)
     if seen is None or not beyond_padding(seen, world):
         return None
-    never = seen["root_size"] - seen["union"]
+    never = int(seen.get("never_estimate", seen["root_size"] - seen["union"]))
     counts = ", ".join(f"rank {r}: {n}" for r, n in sorted(seen["per_rank"].items()))
     message = (
         f"In epoch {epoch} of {loader} ({chain}) the ranks were handed overlapping samples: "
-        f"{seen['shared']} of {seen['root_size']} samples went to more than one rank, and "
-        f"{never} of them to none ({counts} distinct samples each). Each rank trained on its "
-        "share of a different order: this epoch duplicated some samples and dropped others "
-        "(observed from the index batches each rank drew)."
+        f"{_shared(seen)} of {seen['root_size']} samples went to more than one rank, and "
+        f"{_never(seen)} of them to none ({counts} distinct samples each). Each rank trained "
+        "on its share of a different order: this epoch duplicated some samples and dropped "
+        f"others (observed from the index batches each rank drew){_estimated(seen)}."
     )
     return Finding(
         kind=fk.PARTITION_OVERLAP,
@@ -491,12 +526,13 @@ def observed_overlap(
     seen = partition.overlap(summaries)
     if seen is None:
         return None, False
-    if seen["shared"] <= world - 1:  # a partition when the ranks covered (nearly) all of it
-        return None, seen["union"] * 10 >= seen["root_size"] * 9
+    estimated = bool(seen.get("estimated"))
+    if int(seen.get("shared_proven", seen["shared"])) <= world - 1:
+        # a partition when the ranks covered (nearly) all of it, known exactly (a bitmap)
+        return None, not estimated and seen["union"] * 10 >= seen["root_size"] * 9
     if max(seen["repeats"].values()) > world - 1:
         return None, False  # sampling with replacement: ranks may overlap by design
-    bitmaps = {str(s.get("bitmap")) for s in summaries.values()}
-    identical = len(bitmaps) == 1
+    identical = bool(seen.get("identical"))
     training = all(s.get("training") for s in summaries.values())
     if not (partitioned_before or (data_parallel and training)):
         if identical:
@@ -504,7 +540,7 @@ def observed_overlap(
         severity = "warning"
     else:
         severity = "error"
-    never = seen["root_size"] - seen["union"]
+    never = int(seen.get("never_estimate", seen["root_size"] - seen["union"]))
     counts = ", ".join(f"rank {r}: {n}" for r, n in sorted(seen["per_rank"].items()))
     where = f"epoch {epoch} of {loader} ({chain}, sharded by no DistributedSampler)"
     seen_how = "observed from the index batches each rank drew"
@@ -515,17 +551,19 @@ def observed_overlap(
         )
     if identical:
         lines = [
-            f"In {where} every rank was handed the same {seen['union']} samples of "
+            f"In {where} every rank was handed the same "
+            f"{_union(seen)} samples of "
             f"{seen['root_size']}: the data-parallel ranks trained on identical batches, a "
             f"{world}-fold duplication of the epoch ({seen_how}, while a "
-            "DistributedDataParallel / FSDP module trained)."
+            f"DistributedDataParallel / FSDP module trained){_estimated(seen)}."
         ]
     else:
         lines = [
-            f"In {where} the ranks were handed overlapping samples: {seen['shared']} of "
-            f"{seen['root_size']} samples went to more than one rank, and {never} of them to "
-            f"none ({counts} distinct samples each). Each rank took its share of a different "
-            f"order: this epoch duplicated some samples and dropped others ({seen_how})."
+            f"In {where} the ranks were handed overlapping samples: {_shared(seen)} of "
+            f"{seen['root_size']} samples went to more than one rank, and {_never(seen)} of "
+            f"them to none ({counts} distinct samples each). Each rank took its share of a "
+            "different order: this epoch duplicated some samples and dropped others "
+            f"({seen_how}){_estimated(seen)}."
         ]
         if partitioned_before:
             lines.append(
@@ -557,6 +595,25 @@ def observed_overlap(
         },
     )
     return finding, False
+
+
+def content_differs(finding: Finding) -> Finding:
+    """An overlap of identical indices whose first batches hold different content on different
+    ranks: a warning, never an error. The indices may name different samples on each rank (a
+    dataset that picks its part by rank inside ``__getitem__``: intact) or the same samples,
+    augmented per rank (duplication); the batches cannot tell the two apart."""
+    return dataclasses.replace(
+        finding,
+        severity="warning",
+        message=(
+            f"{finding.message} The ranks' first batches hold different content for the same "
+            "indices: if the dataset picks its part by rank inside __getitem__, this is by "
+            "design (give it an attribute that names its part to silence this); if the "
+            "content differs only by a per-rank augmentation, every rank trains the same "
+            "samples."
+        ),
+        details={**finding.details, "content_differs": True},
+    )
 
 
 def unlike_content(summaries: dict[int, dict[str, Any]]) -> bool:

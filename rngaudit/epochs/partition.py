@@ -4,27 +4,32 @@ The main process draws every index batch of a map-style loader (``_next_index``,
 workers), so what a rank is handed is observed whatever sampler, batch sampler or shard made it.
 Indices are mapped to the root dataset through ``Subset``-like ``indices`` and wrapper
 ``dataset`` attributes and summarised as a bitmap of the samples taken (exact, for datasets up
-to ``MAX_ROOT`` samples) and how many were taken (repeats within the rank: taken - distinct).
+to ``MAX_ROOT`` samples; above, a fixed-size hash sample of them, :mod:`~rngaudit.epochs.sketch`)
+and how many were taken (repeats within the rank: taken - distinct).
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import itertools
 import sys
+import weakref
 from typing import Any
 
 from rngaudit import peek
+from rngaudit.epochs import sketch
 
 MAX_ROOT = 1 << 21  # root samples compared exactly (a 256 KiB bitmap per rank and epoch)
+MAX_SKETCH_ROOT = 1 << 40  # root samples observed at all (above MAX_ROOT: by a sketch)
 FOLD = 256  # index batches kept before they are folded into the bitmap
 _MAX_DEPTH = 8
 
 
-def _levels(dataset: Any) -> tuple[list[Any], int] | None:
+def _levels(dataset: Any, nodes: list[Any] | None = None) -> tuple[list[Any], int] | None:
     """The ``indices`` objects from the loader's index space to the root dataset's, outermost
-    first, and the root's size, read without converting anything; None when a level cannot be
-    read safely."""
+    first, and the root's size, read without converting anything (``nodes`` gets the object
+    holding each); None when a level cannot be read safely."""
     levels: list[Any] = []
     node = dataset
     for _ in range(_MAX_DEPTH):
@@ -36,6 +41,8 @@ def _levels(dataset: Any) -> tuple[list[Any], int] | None:
             if not isinstance(indices, list | tuple | range) and not _is_array(indices):
                 return None
             levels.append(indices)
+            if nodes is not None:
+                nodes.append(node)
         node = inner
     size = peek.size(node)
     return None if size is None else (levels, size)
@@ -104,19 +111,52 @@ def _value_digest(value: Any, crc: Any) -> str:
     return type(value).__name__
 
 
-def root_mapping(dataset: Any, limit: int = MAX_ROOT) -> tuple[list[Any], int] | None:
+def root_mapping(dataset: Any, limit: int = MAX_SKETCH_ROOT) -> tuple[list[Any], int] | None:
     """The index arrays from the loader's index space to the root dataset's, outermost first,
     and the root's size; None when a level cannot be read safely or the root holds more than
-    ``limit`` samples (checked before any index list is converted)."""
+    ``limit`` samples (checked before any index list is converted). Over a root of more than
+    ``MAX_ROOT`` samples (a sketch's), a long list is converted once and reused while it is
+    the same list of the same length with the same entries at ``_SAMPLED`` evenly spaced
+    places (read afresh each time: a reshuffle in place moves them)."""
     np = sys.modules.get("numpy")
-    found = _levels(dataset)
+    nodes: list[Any] = []
+    found = _levels(dataset, nodes)
     if np is None or found is None or found[1] > limit:
         return None
     try:
-        maps = [np.asarray(level, dtype=np.int64).reshape(-1) for level in found[0]]
+        cache = found[1] > MAX_ROOT  # a sketch's roots; a bitmap's mapping is read exactly
+        maps = [_converted(node, level, cache) for node, level in zip(nodes, found[0], strict=True)]
     except Exception:
         return None
     return maps, found[1]
+
+
+_LONG = 1 << 16  # index lists longer than this are converted once (cached by their holder)
+_SAMPLED = 4096
+_CONVERTED: weakref.WeakKeyDictionary[Any, tuple[int, int, bytes, Any]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _converted(node: Any, level: Any, cache: bool) -> Any:
+    """``level`` (``node``'s ``indices``) as a flat int64 array (``cache``: a long list
+    converted once, see :func:`root_mapping`)."""
+    import numpy as np
+
+    if not cache or not isinstance(level, list) or len(level) <= _LONG:
+        return np.asarray(level, dtype=np.int64).reshape(-1)
+    n = len(level)
+    step = n / _SAMPLED
+    probe = np.asarray([level[int(k * step)] for k in range(_SAMPLED)], dtype=np.int64).tobytes()
+    cached = None
+    with contextlib.suppress(TypeError):  # a holder not weakly referenceable: converted anew
+        cached = _CONVERTED.get(node)
+    if cached is not None and cached[:3] == (id(level), n, probe):
+        return cached[3]
+    array = np.asarray(level, dtype=np.int64).reshape(-1)
+    with contextlib.suppress(TypeError):
+        _CONVERTED[node] = (id(level), n, probe, array)
+    return array
 
 
 MAX_DATASET_ROOT = 1 << 17  # root samples of a dataset sent in a window's record (16 KiB)
@@ -161,7 +201,10 @@ class Tape:
         self.maps = maps
         self.root_size = root_size
         self.context = context  # the order check's (watch, shard) for this loader
-        self.seen = np.zeros(root_size, dtype=bool)  # repeats: taken - distinct
+        # repeats: taken - distinct; above MAX_ROOT samples a sketch instead of a bitmap
+        big = root_size > MAX_ROOT
+        self.seen: Any = None if big else np.zeros(root_size, dtype=bool)
+        self.sample = sketch.Sample(root_size) if big else None
         self.pending: list[Any] = []
         self.taken = 0
         self.batches = 0  # index batches drawn (counted when folded)
@@ -218,7 +261,10 @@ class Tape:
                 idx = arr[idx]
             if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= self.root_size):
                 raise IndexError("index outside the root dataset")
-            self.seen[idx] = True
+            if self.sample is not None:
+                self.sample.add(idx)
+            else:
+                self.seen[idx] = True
             self.taken += int(idx.size)
         except Exception:  # not integer indices of this dataset: unknown, never an error
             self.known = False
@@ -231,6 +277,15 @@ class Tape:
         self.closed = True
         if not self.known:
             return {"known": False}
+        if self.sample is not None:
+            kept = self.sample.summary()
+            return {
+                "known": True,
+                "root_size": self.root_size,
+                "taken": self.taken,
+                "batches": self.batches,
+                "sketch": kept,
+            }
         seen = self.seen
         return {
             "known": True,
@@ -253,6 +308,10 @@ def overlap(summaries: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
     if len(sizes) != 1:
         return None
     size = sizes.pop()
+    if any("sketch" in s for s in summaries.values()):
+        if not all("sketch" in s for s in summaries.values()):
+            return None
+        return sketch.overlap(summaries, size)
     total = np.zeros(size, dtype=np.int32)
     for s in summaries.values():
         bits = np.frombuffer(base64.b64decode(s["bitmap"]), dtype=np.uint8)
@@ -264,4 +323,5 @@ def overlap(summaries: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
         "union": int((total > 0).sum()),
         "per_rank": {r: int(s["distinct"]) for r, s in summaries.items()},
         "repeats": repeats,  # within one rank: sampling with replacement (or padding)
+        "identical": len({str(s.get("bitmap")) for s in summaries.values()}) == 1,
     }

@@ -855,6 +855,110 @@ def odd_ddp_self_shard_twin(ctx: Ctx) -> Plan:
     return Plan(loader, epochs=2, step=_ddp_step(model), keep=model)
 
 
+# --------------------------------------------------------------------------- issue 21 (big roots)
+# A root over the bitmap's 2M samples: what each rank took is kept in the sketch (a hash sample
+# of the root), so an overlap is proven by sampled samples and counted as an estimate.
+N_BIG = 3_000_000
+TAKEN_BIG = 2048  # samples each rank takes per epoch (a short epoch of a big root)
+
+
+class BigRootShard(Sampler[int]):
+    """Every world-th entry of the first ``world * TAKEN_BIG`` of a permutation from
+    ``generator``."""
+
+    def __init__(self, rank: int, world: int, generator: Any) -> None:
+        self.rank, self.world, self.generator = rank, world, generator
+
+    def __len__(self) -> int:
+        return TAKEN_BIG
+
+    def __iter__(self) -> Iterator[int]:
+        perm = torch.randperm(N_BIG, generator=self.generator)[: self.world * TAKEN_BIG]
+        yield from perm[self.rank :: self.world].tolist()
+
+
+def ddp_big_root_no_sampler(ctx: Ctx) -> Plan:
+    """DDP, a shuffled loader over a 3M-sample root taking 2,048 samples per epoch
+    (``RandomSampler(num_samples=)``), no DistributedSampler, identically seeded ranks: every
+    rank trains the same samples."""
+    seed_all(0)
+    model = _ddp_model()
+    ds = Items(N_BIG)
+    sampler = torch.utils.data.RandomSampler(ds, num_samples=TAKEN_BIG)
+    loader = ctx.audited(lambda: DataLoader(ds, batch_size=64, sampler=sampler))
+    return Plan(loader, step=_ddp_step(model), keep=model)
+
+
+def ddp_big_root_self_shard_twin(ctx: Ctx) -> Plan:
+    """The twin: the same DDP loop over the 3M-sample root, sharded by a sampler of its own
+    from a generator seeded alike on every rank: intact."""
+    seed_all(0)
+    model = _ddp_model()
+    sampler = BigRootShard(ctx.rank, ctx.world, torch.Generator().manual_seed(7))
+    loader = ctx.audited(lambda: DataLoader(Items(N_BIG), batch_size=64, sampler=sampler))
+    return Plan(loader, step=_ddp_step(model), keep=model)
+
+
+# --------------------------------------------------------------------------- issue 21 (at exit)
+N_LATE = 40  # its own root size: its loader's label names only this scenario's
+
+
+def unsynced_single_epoch(ctx: Ctx) -> Plan:
+    """No DDP, a sampler that shards a permutation of the global generator, per-rank seeds,
+    one epoch; the other ranks start it only once rank 0 has finished it (a barrier): rank 0
+    published the epoch before any other rank announced it, so it has no later epoch to compare
+    it at. The ranks' shares overlap (no data-parallel module: a warning), which rank 0 is
+    told when the process group is destroyed."""
+    seed_all(100 + ctx.rank)
+    sampler = RankShardSampler(N_LATE, ctx.rank, ctx.world)
+    loader = ctx.audited(lambda: DataLoader(Items(N_LATE), batch_size=4, sampler=sampler))
+
+    def before(epoch: int) -> None:
+        if ctx.rank != 0:
+            dist.barrier()
+
+    def after(epoch: int) -> None:
+        if ctx.rank == 0:
+            dist.barrier()
+
+    return Plan(loader, before_epoch=before, after_epoch=after)
+
+
+N_EARLY = 44  # its own root size, as N_LATE
+
+
+def unsynced_left_early(ctx: Ctx) -> Plan:
+    """As ``unsynced_single_epoch`` (shares of one shared permutation: intact), but the other
+    ranks leave their epoch after two batches (a ``break``): rank 0's published epoch cannot be
+    compared, and it names them when the process group is destroyed (they closed: no wait)."""
+    seed_all(42)
+    sampler = RankShardSampler(N_EARLY, ctx.rank, ctx.world)
+    loader = ctx.audited(lambda: DataLoader(Items(N_EARLY), batch_size=4, sampler=sampler))
+
+    def before(epoch: int) -> None:
+        if ctx.rank != 0:
+            dist.barrier()
+
+    def after(epoch: int) -> None:
+        if ctx.rank == 0:
+            dist.barrier()
+
+    taken = loader if ctx.rank == 0 else _FirstBatches(loader, 2)
+    return Plan(taken, before_epoch=before, after_epoch=after)
+
+
+class _FirstBatches:
+    """Each iteration: the loader's first ``n`` batches, then a ``break`` out of its epoch."""
+
+    def __init__(self, loader: Any, n: int) -> None:
+        self.loader, self.n = loader, n
+
+    def __iter__(self) -> Iterator[Any]:
+        it = iter(self.loader)
+        for _ in range(self.n):
+            yield next(it)
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in [
@@ -916,6 +1020,13 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("dispatch_batches_loader", dispatch_batches_loader, True),
         Scenario("ds_padding", ds_padding, True),
         Scenario("ds_drop_last", ds_drop_last, True),
+        Scenario("ddp_big_root_no_sampler", ddp_big_root_no_sampler, True),
+        Scenario("ddp_big_root_self_shard_twin", ddp_big_root_self_shard_twin, True),
+        # the last loaders of the launch that rngaudit observes: what they leave pending is
+        # compared when the process group is destroyed (a later observed epoch would compare
+        # it earlier, at its first index batch)
+        Scenario("unsynced_left_early", unsynced_left_early, True),
+        Scenario("unsynced_single_epoch", unsynced_single_epoch, True),
         Scenario("odd_self_sharding_eval", odd_self_sharding_eval, True),
         Scenario("odd_self_sharding_eval_twin", odd_self_sharding_eval_twin, True),
         Scenario("odd_ddp_shuffled_no_sampler", odd_ddp_shuffled_no_sampler, True),
@@ -1020,9 +1131,42 @@ def main(argv: list[str] | None = None) -> int:
         path.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
     finally:
         faulthandler.cancel_dump_traceback_later()
-        with contextlib.suppress(Exception):
-            dist.destroy_process_group()
+        at_exit = _destroyed()
+        (args.outdir / f"exit-rank{rank}.json").write_text(json.dumps(at_exit, indent=1) + "\n")
     return status
+
+
+def _destroyed() -> dict[str, Any]:
+    """``destroy_process_group()``: the rngaudit warnings and log lines it issued, what it
+    raised (the observed epochs still pending are compared there)."""
+    import logging
+    import warnings
+
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    handler = Keep(logging.WARNING)
+    logging.getLogger("rngaudit").addHandler(handler)
+    out: dict[str, Any] = {"raised": None}
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                dist.destroy_process_group()
+            except Exception as exc:
+                out["raised"] = f"{type(exc).__name__}: {exc}"
+                with contextlib.suppress(Exception):
+                    dist.destroy_process_group()
+        out["warnings"] = [
+            str(w.message) for w in caught if w.category.__name__ == "RNGAuditWarning"
+        ]
+    finally:
+        logging.getLogger("rngaudit").removeHandler(handler)
+    out["log"] = lines
+    return out
 
 
 if __name__ == "__main__":
