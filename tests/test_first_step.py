@@ -1,0 +1,208 @@
+"""The first-step rendezvous, in process: which epochs a rank publishes, compares and warns on."""
+
+from __future__ import annotations
+
+import weakref
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from ranks_in_process import Ranks, world_of_one
+
+from rngaudit.config import Settings
+from rngaudit.epochs import ahead, first_step, observed, partition
+from rngaudit.epochs.order_check import Watch
+from rngaudit.ranks import exchange
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Guard:
+    """What the first step hands its verdicts to (the order check's EpochGuard does the rest)."""
+
+    def __init__(self) -> None:
+        self.judged: list[tuple[str, int, dict[int, dict[str, Any]]]] = []
+        self.warned: list[tuple[str, list[int], list[int], float]] = []
+
+    def _judge_first(self, epoch: observed.Epoch, published: dict[int, dict[str, Any]]) -> None:
+        self.judged.append((epoch.key, epoch.epoch, published))
+
+    def _warn_first(
+        self, epoch: observed.Epoch, missing: list[int], arrived: list[int], timeout: float
+    ) -> None:
+        self.warned.append((epoch.key, missing, arrived, timeout))
+
+
+@pytest.fixture(autouse=True)
+def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process's rendezvous state, empty for each test (the real one put back after)."""
+    state: dict[str, object] = {
+        "_pending": [],
+        "_by_tape": weakref.WeakKeyDictionary(),
+        "_hooks": weakref.WeakKeyDictionary(),
+        "_fired": weakref.WeakSet(),
+        "_agreed": set(),
+        "_counts": {},
+        "_given_up": set(),
+        "DECIDED": set(),
+    }
+    for name, value in state.items():
+        monkeypatch.setattr(first_step, name, value)
+    monkeypatch.setattr(observed, "_FOUND", weakref.WeakValueDictionary())
+    monkeypatch.setattr(observed, "_GROUPS", {})
+
+
+def _module(ranks: list[int]) -> torch.nn.Linear:
+    """A module of the data-parallel group ``ranks`` (as ``observed.note_module`` records it)."""
+    module = torch.nn.Linear(2, 2)
+    observed._FOUND[id(module)] = module
+    observed._GROUPS[id(module)] = ranks
+    return module
+
+
+def _started(
+    guard: Guard, key: str, epoch: int = 0, timeout: float = 30.0
+) -> tuple[first_step.Started, partition.Tape]:
+    tape = partition.Tape([], 8)
+    watch = Watch(Settings("raise", Path("r"), timeout, False), None, True)
+    item = first_step.Started(
+        observed.Epoch(key, epoch, f"DataLoader({key})", "RandomSampler", watch),
+        weakref.ref(tape),
+        {"key": key, "epoch": epoch, "first": [epoch, 1], "root_size": 8},
+        guard,
+    )
+    first_step.started(item)
+    return item, tape
+
+
+def _base(ranks: list[int], n: int = 0) -> str:
+    return f"{observed.PREFIX}/step/{first_step._group_key(ranks)}/{n}"
+
+
+def _train_step(module: torch.nn.Module) -> torch.Tensor:
+    module.train()
+    out: torch.Tensor = module(torch.ones(1, 2))
+    return out
+
+
+def test_a_module_is_armed_until_its_first_training_forward_and_keeps_no_hook(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ranks = Ranks(monkeypatch, 2)
+    module = _module([0, 1])
+    expected = torch.nn.functional.linear(torch.ones(1, 2), module.weight, module.bias)
+    first_step.noted(module)
+    assert len(module._forward_pre_hooks) == 1
+    module.eval()
+    module(torch.ones(1, 2))  # an evaluation forward: still armed
+    module.train()
+    with torch.no_grad():
+        module(torch.ones(1, 2))  # no gradients: still armed
+    assert len(module._forward_pre_hooks) == 1 and not ranks.has(f"{_base([0, 1])}/0")
+    assert torch.equal(_train_step(module), expected)  # the forward itself is unchanged
+    assert len(module._forward_pre_hooks) == 0  # removed when it fired
+    assert ranks.get(f"{_base([0, 1])}/0") == {"epochs": []}  # nothing of its own: no wait
+    first_step.noted(module)  # noted again (found on the heap): its rendezvous was had
+    assert len(module._forward_pre_hooks) == 0
+
+
+def test_the_epochs_every_rank_published_are_judged_and_one_ranks_own_is_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ranks = Ranks(monkeypatch, 2)
+    guard = Guard()
+    module = _module([0, 1])
+    first_step.noted(module)
+    train, train_tape = _started(guard, "train")
+    evaluation, eval_tape = _started(guard, "eval")  # a loader rank 1 does not iterate
+    batch = torch.arange(4.0)
+    first_step.content(train_tape, batch)
+    first_step.content(train_tape, torch.zeros(4))  # digested once: the first batch's
+    assert first_step.fields(train_tape) == {"first": [0, 1], "content": ahead.digest(batch)}
+    assert first_step.fields(partition.Tape([], 8)) == {}  # a tape it never saw
+    theirs = {"key": "train", "epoch": 0, "first": [2, 3], "root_size": 8, "content": "c1"}
+    with ranks.playing(1):  # rank 1 reached the forward first, with its epoch of "train"
+        ranks.store.set(f"{_base([0, 1])}/1", exchange.encode({"epochs": [theirs]}))
+    _train_step(module)
+    assert guard.judged == [("train", 0, {0: train.record, 1: theirs})]
+    assert guard.warned == []
+    assert ranks.get(f"{_base([0, 1])}/0") == {"epochs": [train.record, evaluation.record]}
+    assert first_step._pending == [] and first_step._agreed == {"train"}
+    # A new epoch of a loader the group trained on together arms the modules again; an
+    # epoch of one rank's own loader does not (the others would never come).
+    _started(guard, "eval", epoch=1)
+    assert len(module._forward_pre_hooks) == 0
+    _started(guard, "train", epoch=1)
+    assert len(module._forward_pre_hooks) == 1
+    assert eval_tape is not None  # kept alive to here: a collected tape is not drawing
+
+
+def test_a_rank_that_does_not_arrive_is_a_warning_naming_it_and_ends_its_groups_rendezvous(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    Ranks(monkeypatch, 3)
+    guard = Guard()
+    module = _module([0, 1])
+    first_step.noted(module)
+    _, tape = _started(guard, "train", timeout=0.2)
+    _train_step(module)  # rank 1 never publishes: waited for 0.2 s, then a warning
+    assert guard.warned == [("train", [1], [0], 0.2)] and guard.judged == []
+    assert first_step._given_up == {first_step._group_key([0, 1])}
+    other = _module([0, 1])
+    first_step.noted(other)  # the group's ranks did not all arrive once: no more rendezvous
+    assert len(other._forward_pre_hooks) == 0
+    alone = _module([0, 2])
+    first_step.noted(alone)  # another group still meets
+    assert len(alone._forward_pre_hooks) == 1
+    assert not tape.closed  # (alive to here: a tape collected is no epoch being drawn)
+
+
+def test_an_epoch_already_drawn_to_its_end_is_not_published(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ranks = Ranks(monkeypatch, 2)
+    guard = Guard()
+    module = _module([0, 1])
+    first_step.noted(module)
+    _, tape = _started(guard, "train", timeout=0.2)
+    tape.abandon()  # its last index batch was drawn: compared at its end instead
+    _train_step(module)
+    assert ranks.get(f"{_base([0, 1])}/0") == {"epochs": []}
+    assert guard.warned == [] and guard.judged == []  # nothing of its own: it did not wait
+
+
+def test_started_epochs_are_kept_up_to_a_bound() -> None:
+    guard = Guard()
+    tapes = [_started(guard, f"l{i}")[1] for i in range(first_step.MAX_PENDING + 3)]
+    assert len(first_step._pending) == first_step.MAX_PENDING
+    assert first_step._pending[0].epoch.key == "l3"  # the oldest dropped
+    assert len(tapes) == first_step.MAX_PENDING + 3
+
+
+def test_a_group_of_one_rank_is_never_armed_nor_waits(tmp_path: Path) -> None:
+    guard = Guard()
+    with world_of_one(tmp_path):
+        module = torch.nn.Linear(2, 2)
+        observed.note_module(module)
+        assert observed._GROUPS[id(module)] == [0]  # the default group's ranks
+        first_step.noted(module)
+        assert len(module._forward_pre_hooks) == 0  # no cross-rank signal to wait for
+        _started(guard, "train", timeout=0.2)
+        first_step._rendezvous(module)  # even when called: one rank compares nothing
+    assert guard.judged == [] and guard.warned == []
+    assert first_step._pending == []
+
+
+def test_a_data_parallel_group_of_one_rank_in_a_larger_world_compares_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ranks = Ranks(monkeypatch, 2)
+    guard = Guard()
+    module = _module([0])  # rank 0 trains this module alone
+    first_step.noted(module)
+    _, tape = _started(guard, "train", timeout=0.2)
+    _train_step(module)
+    assert len(module._forward_pre_hooks) == 0  # fired, and removed
+    assert guard.judged == [] and guard.warned == [] and not tape.closed
+    assert not ranks.has(f"{_base([0])}/0")  # nothing published for a group of one
