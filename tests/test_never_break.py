@@ -89,7 +89,7 @@ def _run(mode: str, batch: list[dict[str, Any]], tmp: Path) -> subprocess.Comple
 
 
 @settings(
-    max_examples=int(os.environ.get("RNGAUDIT_SHAPE_EXAMPLES", "4")),
+    max_examples=int(os.environ.get("RNGAUDIT_SHAPE_EXAMPLES", "3")),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
