@@ -86,6 +86,33 @@ def test_an_exhausted_or_foreign_iterator_is_unknown() -> None:
     assert ahead.epoch_indices(iter(["a", "b"]), "a", ["a", "b"]) is None  # not indices
 
 
+class Probed:
+    """A user's object a sampler may yield: numpy's conversion would call these."""
+
+    calls = 0
+
+    def __len__(self) -> int:
+        Probed.calls += 1
+        raise RuntimeError("len() of a user's object")
+
+    def __getitem__(self, i: int) -> int:
+        Probed.calls += 1
+        raise RuntimeError("indexing a user's object")
+
+    def __array__(self, *args: Any, **kwargs: Any) -> Any:
+        Probed.calls += 1
+        raise RuntimeError("__array__ of a user's object")
+
+
+@pytest.mark.parametrize("first", [0, "key"])
+def test_an_epoch_list_of_user_objects_is_unknown_and_never_touched(first: Any) -> None:
+    Probed.calls = 0
+    epoch = [first, *(Probed() for _ in range(200))]
+    it = iter(epoch)
+    assert ahead.epoch_indices(it, next(it), epoch) is None
+    assert Probed.calls == 0
+
+
 def test_the_content_digest_tells_content_apart_and_unknown_is_none() -> None:
     batch = {"x": torch.arange(6).view(2, 3), "y": [1, "a", b"b", None], "z": np.ones(2)}
     same = {"x": torch.arange(6).view(2, 3), "y": [1, "a", b"b", None], "z": np.ones(2)}

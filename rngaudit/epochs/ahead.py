@@ -46,6 +46,9 @@ def _sequence(it: Any) -> tuple[Any, int] | None:
     return seq, index
 
 
+_SPACED = 64  # entries of a list checked to be integers before numpy converts it
+
+
 def _ints(seq: Any) -> Any:
     """``seq`` as a 1-d int64 array when every entry is an integer index, else None."""
     np = sys.modules.get("numpy")
@@ -63,10 +66,23 @@ def _ints(seq: Any) -> Any:
                 return None
             out.append(int(v))
         return np.asarray(out, dtype=np.int64)
+    if not isinstance(seq, list | tuple) or not _spaced_ints(seq, np):
+        return None  # numpy would probe each entry (``__array__``, ``__len__``): user code
     arr = np.asarray(seq)
     if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
         return None
     return arr.astype(np.int64, copy=False)
+
+
+def _spaced_ints(seq: Any, np: Any) -> bool:
+    """Whether ``_SPACED`` evenly spaced entries of ``seq`` (the first and last among them) are
+    plain integers: the epoch lists samplers return hold one type throughout."""
+    n = len(seq)
+    if n == 0:
+        return True
+    step = max(1, n // _SPACED)
+    picks = [*range(0, n, step), n - 1]
+    return all(type(seq[i]) is int or isinstance(seq[i], np.integer) for i in picks)
 
 
 def epoch_indices(source: Any, first: Any, index_sampler: Any) -> Any:
