@@ -16,7 +16,7 @@ from rngaudit.findings import (
     RANK_MISSING,
     SAMPLER_DRAW_DIVERGENCE,
 )
-from rngaudit.schema import EpochRecord
+from rngaudit.schema import EpochRecord, SamplerDraw
 
 DATA = TensorDataset(torch.arange(40))
 
@@ -199,3 +199,41 @@ def test_a_stream_split_by_examples_or_past_its_first_epoch_has_no_shares() -> N
     part.set_epoch(1)  # reshuffled as it is iterated: not read
     assert sharding.stream_shares(part) is None
     assert sharding.stream_shares(object()) is None
+
+
+def _split(seed: int) -> SamplerDraw:
+    """The random_split draw a rank seeded with ``seed`` makes: its generator's state, read."""
+    from rngaudit.capture import fingerprint
+
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "op": "aten.randperm",
+        "generator": "torch.default_generator",
+        "fingerprint": fingerprint.of(g),
+        "output_digest": None,
+        "call_site": {"file": "torch/utils/data/dataset.py", "line": 506, "function": "x"},
+        "user_call_site": None,
+        "sampler": None,
+    }
+
+
+def test_a_split_draw_is_named_only_where_the_ranks_drew_it_differently() -> None:
+    """Differing datasets name the random_split draw the ranks recorded when its state differs
+    across ranks; one drawn alike (a shared generator: another loader's split, say) is not the
+    cause and is not named, nor is any split behind a stream."""
+    for seeds, named in (((1, 2), True), ((3, 3), False)):
+        records = [
+            _record(0, 5, Subset(DATA, range(0, 20))),
+            _record(1, 5, Subset(DATA, range(20, 40))),
+        ]
+        for record, seed in zip(records, seeds, strict=True):
+            record["dataset_draws"] = [_split(seed)]
+        (finding, *_) = order_rules.compare(records, missing=[])
+        assert finding.kind == DATASET_DIVERGENCE
+        assert ("The mapping was drawn by aten.randperm" in finding.message) is named, seeds
+    records, _ = _hf_stream_records([1, 1, 2], shards=4)
+    for record, seed in zip(records, (1, 1, 2), strict=True):
+        record["dataset_draws"] = [_split(seed)]
+    (finding,) = order_rules.compare(records, missing=[])
+    assert "split different streams" in finding.message
+    assert "The mapping was drawn" not in finding.message

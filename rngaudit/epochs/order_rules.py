@@ -296,13 +296,7 @@ def _position_finding(where: str, positions: dict[int, Any], loader: str, epoch:
 def _dataset_finding(
     records: list[EpochRecord], where: str, datasets: dict[int, Any], loader: str, epoch: int
 ) -> Finding:
-    split = None
-    for r in records:
-        for e in r.get("dataset_draws") or []:
-            split = e
-            break
-        if split:
-            break
+    split = _split_draw(records)
     lines = [
         f"The ranks shard different datasets in {where}: the index mapping each rank is about "
         f"to shard differs ({_groups(datasets)}).",
@@ -319,6 +313,7 @@ def _dataset_finding(
             "duplicated across ranks and others never seen.",
         ]
         remedy = STREAM_REMEDY
+        split = None  # a stream is not built by random_split
     if split is not None:
         user = split.get("user_call_site")
         lines.append(
@@ -332,6 +327,18 @@ def _dataset_finding(
         "datasets": {str(k): v for k, v in datasets.items()},
     }
     return _error(fk.DATASET_DIVERGENCE, lines, sorted(datasets), split, remedy, details)
+
+
+def _split_draw(records: list[EpochRecord]) -> SamplerDraw | None:
+    """The random_split draw to name behind differing datasets: the first one each rank
+    recorded, only where their state or output differs across ranks (a split drawn alike, or
+    seen by one rank only, built no divergence: it may belong to another loader)."""
+    firsts = [d[0] for r in records if (d := r.get("dataset_draws"))]
+    if len(firsts) < 2:
+        return None
+    if len({(e.get("fingerprint"), e.get("output_digest")) for e in firsts}) < 2:
+        return None
+    return firsts[0]
 
 
 def _shares_finding(
