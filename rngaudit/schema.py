@@ -147,6 +147,7 @@ class EpochRecord(_EpochBase, total=False):
 
     rank: int
     dataset_draws: list[SamplerDraw]  # the random_split draw behind the dataset, if any
+    shares: list[str]  # a stream split by shards: digests of the shards this rank reads
     signature: str  # everything the rules read but the rank: equal ranks share it
 
 

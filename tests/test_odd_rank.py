@@ -1,12 +1,17 @@
-"""Three ranks, the last one alone different: every check names it, every rank raises.
+"""Three ranks, one of them (not rank 0) alone different: every check names it, every rank raises.
 
 The set-ups are in tests/distributed/harm_scenarios.py (``odd_*``): the first-batch order
 check (a DistributedSampler seed; a DistributedSampler subclass shuffling from the global
-generator, by the state its draw came from), the datasets compared when the window closes
-(per-rank shards of per-rank orders), the observed partition of loaders no known class shards
-(a sampler that shards itself, with the last rank alone evaluating between epochs; DDP with no
-sampler: every rank trains every sample; raised at the DDP module's first training forward of
-the corrupted epoch, before its step), each with its twin where no rank differs. Three
+generator, by the state its draw came from; accelerate's IterableDatasetShard over a stream
+seeded per rank), the datasets compared when the window closes (per-rank shards of per-rank
+orders; a wrapper around a per-rank random_split of a ConcatDataset), the index mapping at an
+epoch's first batch (Subset.indices reshuffled in place by rank 1 alone), Hugging Face streams
+after split_dataset_by_node (split by examples: the shuffle seed; split by shards: the shards
+each rank reads), the observed partition of loaders no known class shards (a sampler that
+shards itself, with the last rank alone evaluating between epochs; DDP with no sampler: every
+rank trains every sample; raised at the DDP module's first training forward of the corrupted
+epoch, before its step), each with its twin where no rank differs, and runs intact though a
+rank's seed differs (reseeded alike after the block; shards that stay disjoint). Three
 torchrun launches: without rngaudit (the truth), with ``rngaudit.audit()`` around the set-up,
 and under ``RNGAUDIT=1`` (the window's check first, as a training script's only loader would be).
 """
@@ -33,16 +38,35 @@ CORRUPTED = {  # scenario -> the finding kind
     "odd_ds_seed": "sampler-draw-divergence",
     "odd_self_sharding_eval": "partition-overlap",
     "odd_ddp_shuffled_no_sampler": "partition-overlap",
+    "odd_wrapper_random_split": "dataset-divergence",
+    "odd_subset_reshuffled_in_place": "dataset-divergence",
+    "odd_hf_stream_shuffle_seed": "dataset-divergence",
+    "odd_hf_stream_split_by_shards": "dataset-divergence",
+    "odd_stream_shard_seed": "sampler-draw-divergence",
 }
-FIRST = {"odd_self_sharding_eval": 1}  # the first corrupted epoch, when not 0
-TWINS = [
+# the first corrupted epoch, when not 0
+FIRST = {"odd_self_sharding_eval": 1, "odd_subset_reshuffled_in_place": 1}
+ODD_RANK = {"odd_subset_reshuffled_in_place": 1}  # the rank that differs, when not the last
+TWINS = [  # intact: no rank differs, or one's seed differs and the partition does not
     "odd_spawn_style_twin",
     "odd_subclass_global_shuffle_twin",
     "odd_ds_seed_twin",
     "odd_self_sharding_eval_twin",
     "odd_ddp_self_shard_twin",
+    "odd_wrapper_random_split_twin",
+    "odd_subset_reshuffled_in_place_twin",
+    "odd_hf_stream_shuffle_seed_twin",
+    "odd_hf_stream_split_by_shards_twin",
+    "odd_hf_stream_split_by_shards_intact",
+    "odd_stream_shard_seed_twin",
+    "odd_reseeded_after_block",
+    "odd_self_sharding_reseeded_after_block",
 ]
-ORDER = ["odd_spawn_style", *TWINS[:1], *list(CORRUPTED)[1:], *TWINS[1:]]
+FIRST_FIVE = list(CORRUPTED)[:5]
+ORDER = [
+    "odd_spawn_style", *TWINS[:1], *FIRST_FIVE[1:], *TWINS[1:5],
+    *list(CORRUPTED)[5:], *TWINS[5:],
+]  # fmt: skip
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -87,7 +111,10 @@ def test_the_scenario_is_what_it_claims(runs: dict[str, Any], scenario: str) -> 
         if scenario == "odd_ddp_shuffled_no_sampler":  # every rank trains every sample
             assert all(p == set(range(36)) for p in plain)
         else:  # the odd rank is the one that differs: the others agree
-            assert not plain[0] & plain[1]
+            odd = ODD_RANK.get(scenario, ODD)
+            others = [p for r, p in enumerate(plain) if r != odd]
+            assert not others[0] & others[1]
+            assert any(plain[odd] & p for p in others)
 
 
 @pytest.mark.parametrize("how", ["block", "env"])
@@ -98,7 +125,10 @@ def test_every_rank_gets_the_verdict_of_the_truth(
     for rank in range(NPROC):
         res = runs[how][rank][scenario]
         assert "crashed" not in res, res.get("crashed")
+        plain_epochs = runs["none"][rank][scenario]["epochs"]  # auditing changes no partition
+        assert res["epochs"] == plain_epochs[: len(res["epochs"])], (scenario, rank)
         if scenario in CORRUPTED:
+            assert len(res["epochs"]) == FIRST.get(scenario, 0)  # every epoch before it
             assert res["raised"], f"rank {rank} did not raise"
             assert CORRUPTED[scenario] in res["kinds"], res["kinds"]
             first = FIRST.get(scenario, 0)
@@ -113,6 +143,7 @@ def test_every_rank_gets_the_verdict_of_the_truth(
                 assert res["items_at_raise"] == 0
         else:
             assert not res["raised"], f"rank {rank}: {res.get('message')}"
+            assert len(res["epochs"]) == len(plain_epochs)
 
 
 @pytest.mark.parametrize("how", ["block", "env"])
@@ -121,6 +152,39 @@ def test_the_order_check_names_the_odd_rank(runs: dict[str, Any], how: str) -> N
     assert f"seed differs across ranks (ranks 0, 1: 100; rank {ODD}: 101)" in message
     message = runs[how][0]["odd_subclass_global_shuffle"]["message"]  # the draw's state
     assert re.search(rf"fingerprints ranks 0, 1: \w+; rank {ODD}: \w+\)", message), message
+    message = runs[how][0]["odd_stream_shard_seed"]["message"]  # the stream before sharding
+    assert re.search(rf"differs \(ranks 0, 1: \w+; rank {ODD}: \w+\)", message), message
+    message = runs[how][0]["odd_subset_reshuffled_in_place"]["message"]  # rank 1 reshuffled
+    assert re.search(r"\(ranks 0, 2: Subset\(len=36, indices=\w+,.*; rank 1: Subset\(", message)
+    assert "epoch 1: the index mapping each rank is about to shard differs" in message
+    message = runs[how][0]["odd_hf_stream_shuffle_seed"]["message"]  # its shuffle's state
+    assert re.search(rf"\(ranks 0, 1: stream:.*split=examples.*; rank {ODD}: stream:", message)
+    # the datasets the ranks built (compared when the window closes: the block) or the index
+    # mapping at the first batch (under RNGAUDIT=1 the window closed at the launch's first)
+    message = runs[how][0]["odd_wrapper_random_split"]["message"]
+    assert (
+        f"By the dataset they built, the ranks group as ranks 0, 1; rank {ODD}." in message
+        if how == "block"
+        else re.search(rf"\(ranks 0, 1: Wrapper\(len=24, .*; rank {ODD}: Wrapper\(", message)
+    ), message
+
+
+@pytest.mark.parametrize("how", ["block", "env"])
+def test_the_shards_read_twice_are_the_measured_ones(runs: dict[str, Any], how: str) -> None:
+    """Split by shards, the last rank's shuffle seed ordering its shard list otherwise: the
+    shards read by more than one rank (and by none) and which ranks share them are the ones
+    measured without rngaudit, 6 samples a shard."""
+    scenario = "odd_hf_stream_split_by_shards"
+    plain = [set(runs["none"][r][scenario]["epochs"][0]) for r in range(NPROC)]
+    union = set().union(*plain)
+    shared = sum(1 for i in union if sum(i in p for p in plain) > 1) // 6
+    pairs = [(a, b) for a in range(NPROC) for b in range(a + 1, NPROC) if plain[a] & plain[b]]
+    assert shared > 0 and pairs == [(0, ODD)]  # the truth: the last rank reads rank 0's shards
+    message = runs[how][0][scenario]["message"]
+    assert (
+        f"{shared} of its 6 shards go to more than one rank (ranks 0, {ODD} read the same "
+        f"shards) and {(36 - len(union)) // 6} to none"
+    ) in message
 
 
 @pytest.mark.parametrize("how", ["block", "env"])

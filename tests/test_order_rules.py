@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler, Subset, TensorDataset
 
@@ -15,7 +16,7 @@ from rngaudit.findings import (
     RANK_MISSING,
     SAMPLER_DRAW_DIVERGENCE,
 )
-from rngaudit.schema import EpochRecord
+from rngaudit.schema import EpochRecord, SamplerDraw
 
 DATA = TensorDataset(torch.arange(40))
 
@@ -137,3 +138,102 @@ def test_the_same_indices_with_different_content_are_no_evidence() -> None:
     assert not order_rules.unlike_content({0: row, 1: dict(row)})  # the same content
     assert not order_rules.unlike_content({0: row, 1: dict(row, content=None)})  # unknown
     assert not order_rules.unlike_content({0: row, 1: {"first": [4], "content": "b"}})
+
+
+def _hf_stream_records(
+    seeds: list[int], shards: int = 6
+) -> tuple[list[EpochRecord], list[set[int]]]:
+    """Per rank of ``len(seeds)``: the record of a Hugging Face stream shuffled with the rank's
+    seed and split by ``split_dataset_by_node``, and the items that rank really reads."""
+    datasets = pytest.importorskip("datasets")
+    from datasets.distributed import split_dataset_by_node
+
+    world = len(seeds)
+    rows = datasets.Dataset.from_dict({"i": list(range(6 * shards))})
+    records, items = [], []
+    for rank, seed in enumerate(seeds):
+        stream = rows.to_iterable_dataset(num_shards=shards).shuffle(seed=seed, buffer_size=4)
+        part = split_dataset_by_node(stream, rank=rank, world_size=world)
+        record = _record(rank, 5)
+        record["dataset"] = sharding.describe_stream(part)
+        shares = sharding.stream_shares(part)
+        if shares is not None:
+            record["shares"] = shares
+        records.append(record)
+        items.append({int(row["i"]) for row in part})
+    return records, items
+
+
+def test_a_stream_split_by_shards_is_judged_by_the_shards_each_rank_reads() -> None:
+    """Split by shards, the shuffle seed orders the shard list before each rank takes its own:
+    seeds that differ may or may not leave the ranks disjoint shards; the verdict follows the
+    items the ranks really read, and names the ranks that read the same shards."""
+    for seeds, clash in (([100, 100, 101], (0, 2)), ([100, 100, 102], None), ([7] * 3, None)):
+        records, items = _hf_stream_records(seeds)
+        assert all("shares" in r for r in records)
+        pairs = [(a, b) for a in range(3) for b in range(a + 1, 3) if items[a] & items[b]]
+        assert pairs == ([clash] if clash else [])  # the truth, measured
+        found = order_rules.compare(records, missing=[])
+        if clash is None:
+            assert found == [], seeds
+            continue
+        (finding,) = found
+        assert (finding.kind, finding.severity) == (DATASET_DIVERGENCE, "error")
+        shared = len(items[clash[0]] & items[clash[1]]) // 6
+        never = (36 - len(set().union(*items))) // 6
+        assert (
+            f"{shared} of its 6 shards go to more than one rank (ranks {clash[0]}, {clash[1]} "
+            f"read the same shards) and {never} to none"
+        ) in finding.message
+
+
+def test_a_stream_split_by_examples_or_past_its_first_epoch_has_no_shares() -> None:
+    records, _ = _hf_stream_records([1, 2, 3], shards=4)  # 4 shards over 3: by examples
+    assert not any("shares" in r for r in records)
+    datasets = pytest.importorskip("datasets")
+    from datasets.distributed import split_dataset_by_node
+
+    stream = datasets.Dataset.from_dict({"i": list(range(12))}).to_iterable_dataset(num_shards=4)
+    part = split_dataset_by_node(stream, rank=0, world_size=2)
+    assert sharding.stream_shares(part) is not None
+    part.set_epoch(1)  # reshuffled as it is iterated: not read
+    assert sharding.stream_shares(part) is None
+    assert sharding.stream_shares(object()) is None
+
+
+def _split(seed: int) -> SamplerDraw:
+    """The random_split draw a rank seeded with ``seed`` makes: its generator's state, read."""
+    from rngaudit.capture import fingerprint
+
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "op": "aten.randperm",
+        "generator": "torch.default_generator",
+        "fingerprint": fingerprint.of(g),
+        "output_digest": None,
+        "call_site": {"file": "torch/utils/data/dataset.py", "line": 506, "function": "x"},
+        "user_call_site": None,
+        "sampler": None,
+    }
+
+
+def test_a_split_draw_is_named_only_where_the_ranks_drew_it_differently() -> None:
+    """Differing datasets name the random_split draw the ranks recorded when its state differs
+    across ranks; one drawn alike (a shared generator: another loader's split, say) is not the
+    cause and is not named, nor is any split behind a stream."""
+    for seeds, named in (((1, 2), True), ((3, 3), False)):
+        records = [
+            _record(0, 5, Subset(DATA, range(0, 20))),
+            _record(1, 5, Subset(DATA, range(20, 40))),
+        ]
+        for record, seed in zip(records, seeds, strict=True):
+            record["dataset_draws"] = [_split(seed)]
+        (finding, *_) = order_rules.compare(records, missing=[])
+        assert finding.kind == DATASET_DIVERGENCE
+        assert ("The mapping was drawn by aten.randperm" in finding.message) is named, seeds
+    records, _ = _hf_stream_records([1, 1, 2], shards=4)
+    for record, seed in zip(records, (1, 1, 2), strict=True):
+        record["dataset_draws"] = [_split(seed)]
+    (finding,) = order_rules.compare(records, missing=[])
+    assert "split different streams" in finding.message
+    assert "The mapping was drawn" not in finding.message

@@ -893,6 +893,9 @@ class EpochGuard:
             "order": [],
             "draws": [],
         }
+        shares = sharding.stream_shares(shard) if shard is nodes[0] else None
+        if shares is not None:  # a stream split by shards: which shards this rank reads
+            record["shares"] = shares
         if sharding.is_distributed_sampler(shard):
             record["sampler_state"] = sharding.distributed_sampler_state(shard)
             # what its __iter__ drew for this epoch's first index batch (a subclass's own order)

@@ -141,8 +141,11 @@ def compare(
     if len(records) < 2:
         return out
     datasets = {int(r["rank"]): r.get("dataset") for r in records}
+    shares = {int(r["rank"]): r["shares"] for r in records if "shares" in r}
     if len(set(datasets.values())) > 1:
         out.append(_dataset_finding(records, where, datasets, loader, epoch))
+    elif len(shares) == len(records) and (found := _shares_finding(where, shares, loader, epoch)):
+        out.append(found)
     else:
         contents = {int(r["rank"]): r.get("content") or "" for r in records}
         if len(set(contents.values())) > 1:
@@ -293,13 +296,7 @@ def _position_finding(where: str, positions: dict[int, Any], loader: str, epoch:
 def _dataset_finding(
     records: list[EpochRecord], where: str, datasets: dict[int, Any], loader: str, epoch: int
 ) -> Finding:
-    split = None
-    for r in records:
-        for e in r.get("dataset_draws") or []:
-            split = e
-            break
-        if split:
-            break
+    split = _split_draw(records)
     lines = [
         f"The ranks shard different datasets in {where}: the index mapping each rank is about "
         f"to shard differs ({_groups(datasets)}).",
@@ -316,6 +313,7 @@ def _dataset_finding(
             "duplicated across ranks and others never seen.",
         ]
         remedy = STREAM_REMEDY
+        split = None  # a stream is not built by random_split
     if split is not None:
         user = split.get("user_call_site")
         lines.append(
@@ -329,6 +327,51 @@ def _dataset_finding(
         "datasets": {str(k): v for k, v in datasets.items()},
     }
     return _error(fk.DATASET_DIVERGENCE, lines, sorted(datasets), split, remedy, details)
+
+
+def _split_draw(records: list[EpochRecord]) -> SamplerDraw | None:
+    """The random_split draw to name behind differing datasets: the first one each rank
+    recorded, only where their state or output differs across ranks (a split drawn alike, or
+    seen by one rank only, built no divergence: it may belong to another loader)."""
+    firsts = [d[0] for r in records if (d := r.get("dataset_draws"))]
+    if len(firsts) < 2:
+        return None
+    if len({(e.get("fingerprint"), e.get("output_digest")) for e in firsts}) < 2:
+        return None
+    return firsts[0]
+
+
+def _shares_finding(
+    where: str, shares: dict[int, list[str]], loader: str, epoch: int
+) -> Finding | None:
+    """A stream split by shards whose ranks are about to read the same shards (each took
+    every world-th shard of a list its own shuffle seed ordered), or None when every shard
+    goes to one rank: the error names the ranks that share shards and counts them."""
+    holders: dict[str, list[int]] = {}
+    for rank, share in sorted(shares.items()):
+        for shard in share:
+            holders.setdefault(shard, []).append(rank)
+    shared = {s: r for s, r in holders.items() if len(r) > 1}
+    if not shared:
+        return None
+    total = sum(len(s) for s in shares.values())  # the ranks' positions cover every shard once
+    pairs = sorted({tuple(sorted(set(r))) for r in shared.values()})
+    named = "; ".join(ranks_phrase(list(p)) for p in pairs)
+    lines = [
+        f"The ranks are about to read the same shards of the stream in {where}: "
+        f"{len(shared)} of its {total} shards go to more than one rank ({named} read the "
+        f"same shards) and {total - len(holders)} to none.",
+        "The stream is split by shards: each rank takes every world-th shard of the shard list "
+        "its own shuffle seed ordered, so ranks shuffled with different seeds read the same "
+        "shards twice and others never.",
+    ]
+    details = {
+        "loader": loader,
+        "epoch": epoch,
+        "shares": {str(k): v for k, v in shares.items()},
+        "shared_by": [list(p) for p in pairs],
+    }
+    return _error(fk.DATASET_DIVERGENCE, lines, sorted(shares), None, STREAM_REMEDY, details)
 
 
 def _content_finding(where: str, contents: dict[int, str], loader: str, epoch: int) -> Finding:

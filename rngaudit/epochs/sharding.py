@@ -114,16 +114,10 @@ def describe_stream(dataset: Any) -> str:
         parts.append(f"epoch={peek.integer(epoch, -1)}")
     node = peek.attr(dataset, "_ex_iterable")
     shards = peek.integer(peek.attr(node, "num_shards"), 0)
-    distributed = peek.attr(dataset, "_distributed")
-    world = peek.integer(peek.attr(distributed, "world_size"), 1)
-    strategy = peek.attr(distributed, "strategy")
-    # Split by shards (datasets' rule: strategy "shards", or "auto" with the shard count a
-    # multiple of the world size): each rank keeps its own shards, whatever the shuffle seed
-    # (it reorders only within them: measured intact). Split by examples (every world-th
-    # example of one shuffled stream): the shuffle must be the same on every rank.
-    by_examples = distributed is not None and not (
-        strategy == "shards" or (strategy == "auto" and world > 0 and shards % world == 0)
-    )
+    # Split by examples (every world-th example of one shuffled stream): the shuffle must be
+    # the same on every rank. Split by shards: the shuffle seed orders the shard list before
+    # each rank takes its own (stream_shares), then only reorders within them.
+    by_examples = _split_by_examples(dataset)
     parts.append(f"shards={shards}, split={'examples' if by_examples else 'shards'}")
     for _ in range(_MAX_CHAIN):
         if node is None:
@@ -138,6 +132,72 @@ def describe_stream(dataset: Any) -> str:
         parts.append(_class_name(node) + state)
         node = peek.attr(node, "ex_iterable")
     return "stream:" + " > ".join(parts)
+
+
+def _split_by_examples(dataset: Any) -> bool:
+    """Whether a Hugging Face stream after ``split_dataset_by_node`` is split by examples
+    (datasets' rule: unless the strategy is "shards", or "auto" with the shard count a multiple
+    of the world size)."""
+    distributed = peek.attr(dataset, "_distributed")
+    if distributed is None:
+        return False
+    shards = peek.integer(peek.attr(peek.attr(dataset, "_ex_iterable"), "num_shards"), 0)
+    world = peek.integer(peek.attr(distributed, "world_size"), 1)
+    strategy = peek.attr(distributed, "strategy")
+    return not (strategy == "shards" or (strategy == "auto" and world > 0 and shards % world == 0))
+
+
+def _source_id(source: Any) -> str | None:
+    """What one shard's source is, read without opening it: a file path (or other plain
+    value) as it is, a Hugging Face dataset by its fingerprint; None for any other shape."""
+    if isinstance(source, str | int | float | bool):
+        return repr(source)
+    fingerprint = peek.attr(source, "_fingerprint")
+    if isinstance(fingerprint, str):
+        return f"{fingerprint}:{peek.size(source)}"
+    return None
+
+
+def stream_shares(dataset: Any) -> list[str] | None:
+    """The shards this rank will read of a Hugging Face stream split by shards, at its epoch
+    0: a digest of each shard's sources (its entries of the shard lists the stream's source
+    holds, in their order after ``shuffle()``), every world-th shard from the rank's, as
+    datasets assigns them. The shuffle seed orders that list before the shards are assigned,
+    so ranks shuffled differently may read the same shards (or not: their shares say). None
+    when split by examples, at a later epoch (reshuffled as it is iterated), or for any
+    pipeline shape not read here (several sources): unknown, never compared."""
+    distributed = peek.attr(dataset, "_distributed")
+    if distributed is None or _split_by_examples(dataset):
+        return None
+    if peek.integer(peek.attr(dataset, "_epoch"), -1) != 0:
+        return None
+    top = peek.attr(dataset, "_ex_iterable")
+    shards = peek.integer(peek.attr(top, "num_shards"), 0)
+    rank = peek.integer(peek.attr(distributed, "rank"), -1)
+    world = peek.integer(peek.attr(distributed, "world_size"), 1)
+    if shards <= 0 or not 0 <= rank < world:
+        return None
+    node = top
+    for _ in range(_MAX_CHAIN):
+        if peek.attr(node, "ex_iterables") is not None:  # several sources: not read here
+            return None
+        inner = peek.attr(node, "ex_iterable")
+        if inner is None:
+            break
+        node = inner
+    kwargs = peek.attr(node, "kwargs")
+    if not isinstance(kwargs, dict):
+        return None
+    lists = [v for _, v in sorted(kwargs.items(), key=lambda kv: str(kv[0])) if type(v) is list]
+    if not lists or any(len(v) != shards for v in lists):
+        return None
+    share: list[str] = []
+    for i in range(rank, shards, world):
+        ids = [_source_id(v[i]) for v in lists]
+        if any(x is None for x in ids):
+            return None
+        share.append(digest_bytes(repr(ids).encode()))
+    return share
 
 
 def loader_is_sharded(loader: Any) -> bool:

@@ -375,6 +375,14 @@ def _dataset_overlap(
             continue
         never = seen["root_size"] - seen["union"]
         counts = ", ".join(f"rank {r}: {n}" for r, n in sorted(seen["per_rank"].items()))
+        alike: dict[str, list[int]] = {}
+        for rank, samples in sorted(per_rank.items()):
+            alike.setdefault(str(samples.get("bitmap")), []).append(rank)
+        same = ""
+        if "None" not in alike and len(alike) < len(per_rank):  # some ranks built one dataset
+            same = " By the dataset they built, the ranks group as " + (
+                "; ".join(ranks_phrase(g) for g in alike.values()) + "."
+            )
         out.append(
             Finding(
                 kind=fk.DATASET_DIVERGENCE,
@@ -386,7 +394,7 @@ def _dataset_overlap(
                     "shard from state that differs across ranks (a per-rank seed, an unseeded "
                     "random_split, shuffle or randperm): samples are trained on by several ranks "
                     "and others by none (a random_split without a shared generator also leaks "
-                    "held-out samples into training)."
+                    "held-out samples into training)." + same
                 ),
                 ranks=sorted(per_rank),
                 remedy=order_rules.DATASET_REMEDY,

@@ -478,14 +478,14 @@ class PermStream(torch.utils.data.IterableDataset[int]):
     """A user's iterable dataset that shuffles with a seed of its own (accelerate synchronizes
     the global generators across ranks at iteration, not a dataset's)."""
 
-    def __init__(self, seed: int) -> None:
-        self.seed = seed
+    def __init__(self, seed: int, n: int = N) -> None:
+        self.seed, self.n = seed, n
 
     def __iter__(self) -> Iterator[int]:
-        yield from np.random.default_rng(self.seed).permutation(N).tolist()
+        yield from np.random.default_rng(self.seed).permutation(self.n).tolist()
 
 
-def _stream_accelerate(ctx: Ctx, seed: int) -> Plan:
+def _stream_accelerate(ctx: Ctx, seed: int, n: int = N) -> Plan:
     from accelerate import Accelerator, DataLoaderConfiguration
     from accelerate.utils import InitProcessGroupKwargs
 
@@ -495,7 +495,7 @@ def _stream_accelerate(ctx: Ctx, seed: int) -> Plan:
         kwargs_handlers=[InitProcessGroupKwargs(backend="gloo", timeout=PG_TIMEOUT)],
     )
     seed_all(seed)
-    loader = DataLoader(PermStream(seed), batch_size=2)
+    loader = DataLoader(PermStream(seed, n), batch_size=2)
     return Plan(ctx.audited(lambda: acc.prepare(loader)))
 
 
@@ -508,11 +508,11 @@ def stream_shard_shared_seed(ctx: Ctx) -> Plan:
     return _stream_accelerate(ctx, 100)
 
 
-def _hf_stream(ctx: Ctx, seed: int, shards: int = 3) -> Plan:
+def _hf_stream(ctx: Ctx, seed: int, shards: int = 3, n: int = N) -> Plan:
     from datasets.distributed import split_dataset_by_node
 
     seed_all(0)
-    stream = _hf_items(N).to_iterable_dataset(num_shards=shards).shuffle(seed=seed, buffer_size=4)
+    stream = _hf_items(n).to_iterable_dataset(num_shards=shards).shuffle(seed=seed, buffer_size=4)
     part = split_dataset_by_node(stream, rank=ctx.rank, world_size=ctx.world)
     return Plan(ctx.audited(lambda: DataLoader(part.with_format("torch"), batch_size=2)))
 
@@ -528,8 +528,9 @@ def hf_stream_shuffle_shared_seed(ctx: Ctx) -> Plan:
 
 
 def hf_stream_split_by_shards_seed_per_rank(ctx: Ctx) -> Plan:
-    """8 shards over 2 ranks: split by shards, so a per-rank shuffle seed only reorders each
-    rank's own shards (intact, measured)."""
+    """8 shards over 2 ranks: split by shards. The seed orders the shard list before each rank
+    takes every other shard of its own list; seeds 0 and 1 leave the ranks disjoint shards
+    (intact, measured; other seeds need not: tests/test_odd_rank.py)."""
     return _hf_stream(ctx, ctx.rank, shards=8)
 
 
@@ -604,14 +605,110 @@ def odd_ds_seed_twin(ctx: Ctx) -> Plan:
     return _odd_ds_seed(ctx, False)
 
 
+def _odd_wrapper_random_split(ctx: Ctx, differs: bool) -> Plan:
+    seed_all(_odd_seed(ctx, differs))
+    half = N_ODD // 2
+    whole: Any = torch.utils.data.ConcatDataset([Items(half), Offset(Items(half), half)])
+    train, _held_out = random_split(whole, [24, 12])  # no generator: the global one
+    loader, _ = _dist_loader(ctx, Wrapper(train), seed=0)
+    return Plan(loader)
+
+
+def odd_wrapper_random_split(ctx: Ctx) -> Plan:
+    """A wrapper dataset around a ``random_split`` of a ``ConcatDataset``: the last rank's
+    split differs (its seed), the others agree."""
+    return _odd_wrapper_random_split(ctx, True)
+
+
+def odd_wrapper_random_split_twin(ctx: Ctx) -> Plan:
+    return _odd_wrapper_random_split(ctx, False)
+
+
+ODD_RESHUFFLER = 1  # the rank that reshuffles alone: neither rank 0 nor the last
+
+
+def _odd_subset_reshuffled(ctx: Ctx, differs: bool) -> Plan:
+    seed_all(0)
+    ds = Subset(Items(N_ODD), list(range(N_ODD)))
+    loader, sampler = _dist_loader(ctx, ds, seed=3)
+
+    def after(epoch: int) -> None:
+        if not differs or ctx.rank == ODD_RESHUFFLER:
+            random.Random(epoch).shuffle(ds.indices)  # type: ignore[arg-type]  # in place
+
+    return Plan(loader, epochs=2, before_epoch=sampler.set_epoch, after_epoch=after)
+
+
+def odd_subset_reshuffled_in_place(ctx: Ctx) -> Plan:
+    """``Subset.indices`` reshuffled in place after epoch 0 by rank 1 alone."""
+    return _odd_subset_reshuffled(ctx, True)
+
+
+def odd_subset_reshuffled_in_place_twin(ctx: Ctx) -> Plan:
+    """The twin: every rank reshuffles its indices in place alike."""
+    return _odd_subset_reshuffled(ctx, False)
+
+
+def odd_hf_stream_shuffle_seed(ctx: Ctx) -> Plan:
+    """``IterableDataset.shuffle(seed=)`` + ``split_dataset_by_node``, 4 shards over 3 ranks:
+    split by examples; the last rank's shuffle seed differs."""
+    return _hf_stream(ctx, _odd_seed(ctx, True), shards=4, n=N_ODD)
+
+
+def odd_hf_stream_shuffle_seed_twin(ctx: Ctx) -> Plan:
+    return _hf_stream(ctx, _odd_seed(ctx, False), shards=4, n=N_ODD)
+
+
+def _odd_split_by_shards(ctx: Ctx, last: int) -> Plan:
+    """6 shards over 3 ranks: split by shards. The shuffle seed orders the shard list before
+    each rank takes every third shard of its own list: ``last`` (the last rank's seed; the
+    others' is 100) decides whether the ranks still read disjoint shards."""
+    return _hf_stream(ctx, last if ctx.rank == ctx.world - 1 else 100, shards=6, n=N_ODD)
+
+
+def odd_hf_stream_split_by_shards(ctx: Ctx) -> Plan:
+    """Seed 101 on the last rank: it reads the same shards as rank 0 (measured)."""
+    return _odd_split_by_shards(ctx, 101)
+
+
+def odd_hf_stream_split_by_shards_intact(ctx: Ctx) -> Plan:
+    """Seed 102 on the last rank: its list differs, yet the shards it takes are the ones the
+    others leave (measured intact): seeds differ, the partition does not."""
+    return _odd_split_by_shards(ctx, 102)
+
+
+def odd_hf_stream_split_by_shards_twin(ctx: Ctx) -> Plan:
+    return _odd_split_by_shards(ctx, 100)
+
+
+def odd_stream_shard_seed(ctx: Ctx) -> Plan:
+    """accelerate's IterableDatasetShard over a stream whose seed differs on the last rank
+    (36 samples: whole batches of 3 x 2, so no shard pads)."""
+    return _stream_accelerate(ctx, _odd_seed(ctx, True), N_ODD)
+
+
+def odd_stream_shard_seed_twin(ctx: Ctx) -> Plan:
+    return _stream_accelerate(ctx, _odd_seed(ctx, False), N_ODD)
+
+
+def _reseeded_after_block(ctx: Ctx, seed: int, n: int = N) -> Plan:
+    acc = ctx.accelerator(stateful=False)
+    seed_all(seed)
+    loader = DataLoader(Items(n), batch_size=2, sampler=TorchPermSampler(n))
+    prepared = ctx.audited(lambda: acc.prepare(loader))
+    return Plan(prepared, before_epoch=lambda epoch: seed_all(42))
+
+
 def reseeded_after_block(ctx: Ctx) -> Plan:
     """Per-rank seeds at set-up, a sampler shuffling from the global generator, and every rank
     reseeded identically between the block and the first iteration: intact."""
-    acc = ctx.accelerator(stateful=False)
-    seed_all(100 + ctx.rank)
-    loader = DataLoader(Items(N), batch_size=2, sampler=TorchPermSampler(N))
-    prepared = ctx.audited(lambda: acc.prepare(loader))
-    return Plan(prepared, before_epoch=lambda epoch: seed_all(42))
+    return _reseeded_after_block(ctx, 100 + ctx.rank)
+
+
+def odd_reseeded_after_block(ctx: Ctx) -> Plan:
+    """The last rank's seed differs at set-up; every rank is reseeded alike before iterating
+    (36 samples: whole batches on each of 3 ranks, so nothing is padded)."""
+    return _reseeded_after_block(ctx, _odd_seed(ctx, True), N_ODD)
 
 
 # --------------------------------------------------------------------------- issue 21 (unsharded)
@@ -697,13 +794,22 @@ def self_sharding_rank0_eval_own_generator(ctx: Ctx) -> Plan:
     return _self_sharding(ctx, 0, False)
 
 
-def self_sharding_reseeded_after_block(ctx: Ctx) -> Plan:
-    """Per-rank seeds at set-up, the ranks reseeded identically before each epoch: intact."""
-    seed_all(100 + ctx.rank)
-    ds = Items(N)
-    sampler = RankShardSampler(N, ctx.rank, ctx.world)
+def _self_sharding_reseeded(ctx: Ctx, seed: int, n: int = N) -> Plan:
+    seed_all(seed)
+    ds = Items(n)
+    sampler = RankShardSampler(n, ctx.rank, ctx.world)
     loader = ctx.audited(lambda: DataLoader(ds, batch_size=2, sampler=sampler))
     return Plan(loader, epochs=2, before_epoch=lambda epoch: seed_all(42 + epoch))
+
+
+def self_sharding_reseeded_after_block(ctx: Ctx) -> Plan:
+    """Per-rank seeds at set-up, the ranks reseeded identically before each epoch: intact."""
+    return _self_sharding_reseeded(ctx, 100 + ctx.rank)
+
+
+def odd_self_sharding_reseeded_after_block(ctx: Ctx) -> Plan:
+    """The last rank's seed differs at set-up; every rank reseeded alike before each epoch."""
+    return _self_sharding_reseeded(ctx, _odd_seed(ctx, True), N_ODD)
 
 
 def _no_sampler(ctx: Ctx, ddp: bool, n: int = N) -> Plan:
@@ -1031,6 +1137,21 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("odd_self_sharding_eval_twin", odd_self_sharding_eval_twin, True),
         Scenario("odd_ddp_shuffled_no_sampler", odd_ddp_shuffled_no_sampler, True),
         Scenario("odd_ddp_self_shard_twin", odd_ddp_self_shard_twin, True),
+        Scenario("odd_wrapper_random_split", odd_wrapper_random_split),
+        Scenario("odd_wrapper_random_split_twin", odd_wrapper_random_split_twin),
+        Scenario("odd_subset_reshuffled_in_place", odd_subset_reshuffled_in_place, True),
+        Scenario("odd_subset_reshuffled_in_place_twin", odd_subset_reshuffled_in_place_twin, True),
+        Scenario("odd_hf_stream_shuffle_seed", odd_hf_stream_shuffle_seed),
+        Scenario("odd_hf_stream_shuffle_seed_twin", odd_hf_stream_shuffle_seed_twin),
+        Scenario("odd_hf_stream_split_by_shards", odd_hf_stream_split_by_shards),
+        Scenario("odd_hf_stream_split_by_shards_intact", odd_hf_stream_split_by_shards_intact),
+        Scenario("odd_hf_stream_split_by_shards_twin", odd_hf_stream_split_by_shards_twin),
+        Scenario("odd_stream_shard_seed", odd_stream_shard_seed),
+        Scenario("odd_stream_shard_seed_twin", odd_stream_shard_seed_twin),
+        Scenario("odd_reseeded_after_block", odd_reseeded_after_block),
+        Scenario(
+            "odd_self_sharding_reseeded_after_block", odd_self_sharding_reseeded_after_block, True
+        ),
     ]
 }
 
