@@ -3,8 +3,11 @@
 A DataLoader over a DistributedSampler (2 replicas, this process is rank 0, no process group:
 the exchange is local) is iterated unaudited (A) and, built inside ``rngaudit.audit(
 every_epoch=True)``, audited (B): the order check at each epoch's first batch, and every index
-batch observed into the epoch's partition tape, compared at the epoch's end. Also: the dataset
-check's digest of a 45M-index ``random_split`` (sampled), against the sampler's own epoch; and
+batch observed into the epoch's partition tape, compared at the epoch's end. ``images32``: the
+same sampler over a dataset whose samples are small image tensors (built, not decoded: the
+cheapest real sample), collated, to set the per-batch cost beside a loader that does real work.
+Also: the dataset check's digest of a 45M-index ``random_split`` (sampled), against the
+sampler's own epoch; and
 (``unsharded``) two real ranks (gloo, spawned) iterating a loader no known class shards (a
 sampler that takes ``perm[rank::world]`` from a shared generator), whose epochs are published
 through the store and compared when both have drawn them; ``unsharded_ddp``: the same with a
@@ -33,6 +36,8 @@ from torch.utils.data.distributed import DistributedSampler
 import rngaudit
 from rngaudit.epochs import sharding
 
+CLOCK = [time.perf_counter]  # --clock thread: the main thread's CPU time (a loaded machine)
+
 
 class Items(Dataset[int]):
     def __init__(self, n: int) -> None:
@@ -45,8 +50,22 @@ class Items(Dataset[int]):
         return i
 
 
-def _loader(n: int, batch: int) -> DataLoader[int]:
-    ds = Items(n)
+class Images(Dataset[Any]):
+    """The cheapest sample real training reads: a 3x32x32 float tensor built per index (no
+    decoding, no augmentation: a real image costs far more), collated into a batch."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        return torch.full((3, 32, 32), float(i))
+
+
+def _loader(n: int, batch: int, dataset: Any = Items) -> DataLoader[Any]:
+    ds = dataset(n)
     sampler: DistributedSampler[int] = DistributedSampler(ds, num_replicas=2, rank=0, seed=1)
     return DataLoader(ds, batch_size=batch, sampler=sampler)
 
@@ -60,19 +79,23 @@ def _epoch(
     batch and its step, the batches after it, the final next() that ends the epoch: where an
     observed epoch is compared)."""
     step = step or (lambda batch: None)
-    t0 = time.perf_counter()
+    t0 = CLOCK[0]()
     it = iter(loader)
     step(next(it))
-    t1 = time.perf_counter()
+    t1 = CLOCK[0]()
     for _ in range(len(loader) - 1):
         step(next(it))
-    t2 = time.perf_counter()
+    t2 = CLOCK[0]()
     for batch in it:
         step(batch)
-    t3 = time.perf_counter()
+    t3 = CLOCK[0]()
     if parts is not None:
         parts.append((t1 - t0, t2 - t1, t3 - t2))
     return t3 - t0
+
+
+def _images_loader(n: int, batch: int) -> DataLoader[Any]:
+    return _loader(n, batch, Images)
 
 
 class RankShard(Sampler[int]):
@@ -187,24 +210,28 @@ def pairs(
 
 def digest_45m() -> dict[str, Any]:
     n = 45_000_000
-    t0 = time.perf_counter()
+    t0 = CLOCK[0]()
     indices = torch.randperm(n).tolist()  # what random_split does
-    sampler_s = time.perf_counter() - t0
+    sampler_s = CLOCK[0]() - t0
     subset = Subset(Items(n), indices)
-    t0 = time.perf_counter()
+    t0 = CLOCK[0]()
     sharding.describe_dataset(subset)
-    return {"randperm_tolist_s": sampler_s, "describe_s": time.perf_counter() - t0}
+    return {"randperm_tolist_s": sampler_s, "describe_s": CLOCK[0]() - t0}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--only", default="", help="comma-separated parts (default: all)")
+    parser.add_argument("--clock", choices=["wall", "thread"], default="wall")
     args = parser.parse_args()
+    if args.clock == "thread":
+        CLOCK[0] = time.thread_time
     torch.set_num_threads(1)
     parts = {
         "batch32": lambda: pairs(64_000, 32, args.rounds),
         "batch1": lambda: pairs(8_000, 1, args.rounds),
+        "images32": lambda: pairs(64_000, 32, args.rounds, build=_images_loader),
         "unsharded32": lambda: unsharded(64_000, 32, args.rounds),
         "unsharded1": lambda: unsharded(8_000, 1, args.rounds),
         "unsharded_ddp32": lambda: unsharded(64_000, 32, args.rounds, ddp=True),
