@@ -130,6 +130,8 @@ _MISSING = object()
 
 def _step(value: Any, part: str | int) -> Any:
     """One field of ``value``: a mapping's key, a sequence's position, or an attribute."""
+    if type(value) is dict and type(part) is str and part in value:  # the common batch
+        return value[part]
     if isinstance(value, Mapping):
         try:
             if part in value:
@@ -168,7 +170,8 @@ def field(batch: Any, key: Any) -> Any:
 
 
 def read(batch: Any, key: Any) -> Any:
-    """The hashed ids of ``batch`` under ``key`` (uint64 array), or None when they cannot be
+    """The ids of ``batch`` under ``key`` (a numpy array, its own copy: int64 for int ids, not
+    hashed yet; uint64 for ids already hashed, see :func:`hashed`), or None when they cannot be
     read (a missing field, a key that raises, values that are not ids). Never raises."""
     try:
         return hashes(field(batch, key))
@@ -200,42 +203,56 @@ def hash_int(value: int) -> int:
     return _digest(str(value).encode())
 
 
-def _array_hashes(value: Any) -> Any:
-    """A tensor or array of integers: its ids hashed, flattened (None: not integers)."""
+def hashed(ids: Any) -> Any:
+    """:func:`read`'s ids as 64-bit hashes (uint64): int ids (int64) mixed by splitmix64."""
     import numpy as np
 
-    kind = type(value).__module__.split(".")[0]
-    if kind == "torch":
-        if value.is_floating_point() or value.is_complex() or str(value.dtype) == "torch.bool":
-            return None
-        value = value.detach().reshape(-1).cpu().numpy()
-    elif kind != "numpy" or not hasattr(value, "dtype"):
-        return None
+    if ids.dtype == np.uint64:
+        return ids
+    return _splitmix(ids.view(np.uint64))
+
+
+def _array_ids(value: Any) -> Any:
+    """A tensor or array of integers: its ids, flattened, copied (None: not integers)."""
+    import numpy as np
+
+    if type(value).__module__.split(".")[0] == "torch":
+        if value.device.type != "cpu":
+            value = value.cpu()
+        if value.requires_grad:
+            value = value.detach()
+        value = value.numpy()  # a dtype numpy lacks (bfloat16) raises: unreadable
     array = np.asarray(value)
     if array.dtype.kind not in "iu":
         return None
-    return _splitmix(array.reshape(-1).astype(np.int64).view(np.uint64))
+    return array.reshape(-1).astype(np.int64)  # a copy: the batch may be reused in place
 
 
 def hashes(value: Any, depth: int = 0) -> Any:
-    """The ids in ``value`` hashed to uint64 (a numpy array), or None when they are not ids."""
+    """The ids in ``value`` (see :func:`read`), or None when they are not ids."""
     import numpy as np
 
     if value is _MISSING or value is None or isinstance(value, bool):
         return None
     if isinstance(value, int):
+        if -(1 << 63) <= value < (1 << 63):
+            return np.array([value], dtype=np.int64)
         return np.array([hash_int(value)], dtype=np.uint64)
     if isinstance(value, str):
         return np.array([_digest(value.encode("utf-8", "surrogatepass"))], dtype=np.uint64)
     if isinstance(value, bytes | bytearray | memoryview):
         return np.array([_digest(bytes(value))], dtype=np.uint64)
     if type(value).__module__.split(".")[0] in ("torch", "numpy") and hasattr(value, "dtype"):
-        return _array_hashes(value)
+        return _array_ids(value)
     if isinstance(value, list | tuple) and depth < _DEPTH:
+        if all(type(v) is int and -(1 << 63) <= v < (1 << 63) for v in value):
+            return np.array(value, dtype=np.int64)  # the common list of ints, at once
         parts = [hashes(v, depth + 1) for v in value]
         if any(p is None for p in parts):
             return None
-        return np.concatenate(parts) if parts else np.zeros(0, np.uint64)
+        if all(p.dtype == np.int64 for p in parts):
+            return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        return np.concatenate([hashed(p) for p in parts])
     return None
 
 
@@ -254,22 +271,25 @@ class Taken:
         self.batches = 0
         self.known = True
 
-    def add(self, hashed: Any) -> None:
-        import numpy as np
-
-        self.taken += int(hashed.size)
+    def add(self, ids: Any) -> None:
+        """One batch's ids (:func:`read`): kept as they are, hashed in bulk when compacted."""
+        self.taken += int(ids.size)
         self.batches += 1
-        if self.threshold < FULL:
-            hashed = hashed[hashed < np.uint64(self.threshold)]
-        self.blocks.append(hashed)
-        self.pending += int(hashed.size)
+        self.blocks.append(ids)
+        self.pending += int(ids.size)
         if self.pending > 2 * self.cap:
             self._compact()
 
     def _compact(self) -> None:
         import numpy as np
 
-        kept = np.unique(np.concatenate(self.blocks)) if self.blocks else np.zeros(0, np.uint64)
+        raw = [b for b in self.blocks if b.dtype == np.int64]
+        done = [b for b in self.blocks if b.dtype != np.int64]
+        if raw:
+            done.append(hashed(np.concatenate(raw)))
+        kept = np.unique(np.concatenate(done)) if done else np.zeros(0, np.uint64)
+        if self.threshold < FULL:
+            kept = kept[kept < np.uint64(self.threshold)]
         while kept.size > self.cap:
             self.threshold //= 2
             kept = kept[kept < np.uint64(self.threshold)]
