@@ -90,7 +90,9 @@ def main() -> None:
                 "per_batch_us": round((b - a) / batches * 1e6, 2),
                 "keyed_work_us": round(direct * 1e6, 2),
                 "keyed_work_share": round(direct * batches / a, 4),
-                "ratios": [round(k / p, 3) for p, k in zip(times["plain"], times["keyed"])],
+                "ratios": [
+                    round(k / p, 3) for p, k in zip(times["plain"], times["keyed"], strict=True)
+                ],
             }
     rngaudit.wait_for_reports()
     json.dump(out, sys.stdout, indent=1)

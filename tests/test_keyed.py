@@ -277,3 +277,56 @@ def test_an_unreadable_batch_makes_the_epoch_unknown_logged_once(
     said = [r for r in caplog.records if "could not be read" in r.getMessage()]
     assert len(said) == 1 and "'id'" in said[0].getMessage()
     rngaudit.wait_for_reports()
+
+
+class _Checks:
+    """Where the guard files a check's findings (the session's report; not under test here)."""
+
+    def __init__(self) -> None:
+        self.found: list[Any] = []
+
+    def add_check(self, label: str, found: list[Any]) -> None:
+        self.found.extend(found)
+
+
+def test_an_epoch_left_early_is_published_when_the_group_goes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 0 breaks out of a keyed epoch and never begins another: what it took so far is
+    published when the process group goes, compared with rank 1's share (played on the same
+    real store), and the overlap among the partial shares raised."""
+    from rngaudit.config import Settings
+    from rngaudit.epochs import observed
+    from rngaudit.epochs.order_check import EpochGuard, Watch
+
+    ranks = Ranks(monkeypatch, 2)
+    monkeypatch.setattr(observed, "_SEARCHED", [True])  # no data-parallel module to look for
+    checks = _Checks()
+    guard = EpochGuard()
+    guard.watch_all(Watch(Settings("raise", tmp_path, 5.0, False), checks, True))
+    try:
+        loader = rngaudit.sample_key(D.DataLoader(_Stream(40), batch_size=4), "id")
+        for i, _ in enumerate(loader):
+            if i == 4:
+                break  # 20 ids taken: 0-19
+        (current,) = guard.keyed_open
+        epoch = current.epoch
+        assert not current.closed and not ranks.has(f"{observed.PREFIX}/{epoch.key}/0/end/0")
+        with ranks.playing(1):  # rank 1 took ids 10-29 of the same loader's epoch 0
+            observed.start(epoch)
+            taken = keyed.Taken()
+            taken.add(keyed.read(list(range(10, 30)), lambda b: b))
+            summary = dict(taken.summary(), batch_size=4, key_name="'id'", partial=False)
+            observed.publish(epoch, dict(summary, data_parallel=None))
+        with pytest.raises(rngaudit.RNGDivergenceError) as raised:
+            guard.settle()
+        assert current.closed
+        message = str(raised.value)
+        assert "10 samples (by key 'id') went to more than one rank" in message
+        assert "rank 0 took 20, rank 1 took 20, 30 distinct in all" in message
+        assert "Rank(s) 0 left the epoch early" in message
+        assert [f.kind for f in checks.found] == ["partition-overlap"]
+    finally:
+        guard.everything = None
+        guard.uninstall()
+        guard.exit_patches.undo()

@@ -857,7 +857,10 @@ class EpochGuard:
             index = peek.attr(iterator, "_index_sampler")
             dataset = peek.attr(iterator, "_dataset")
             with self._lock:
-                seen = index in self.keyed
+                try:
+                    seen = index in self.keyed
+                except TypeError:  # an unhashable index sampler: never keyed
+                    return False
                 known = self.keyed.get(index)
             if not seen:
                 known = self._keyed_loader(index, dataset, batch)
