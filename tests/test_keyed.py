@@ -330,3 +330,55 @@ def test_an_epoch_left_early_is_published_when_the_group_goes(
         guard.everything = None
         guard.uninstall()
         guard.exit_patches.undo()
+
+
+def test_a_persistent_keyed_iterator_is_keyed_again_at_each_epoch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Persistent workers: the same iterator, reset each epoch, is keyed again each epoch (and
+    its batches are the ones the unaudited loader returns)."""
+    Ranks(monkeypatch, 1)
+    data = _Stream(12)
+    plain = [_as_lists(list(D.DataLoader(data, batch_size=4))) for _ in range(2)]
+    loader = D.DataLoader(data, batch_size=4, num_workers=1, persistent_workers=True)
+    rngaudit.sample_key(loader, "id")
+    with rngaudit.audit(report_dir=tmp_path / "r", mode="raise", every_epoch=True):
+        seen, epochs = [], []
+        for _ in range(2):
+            it = iter(loader)
+            epochs.append(_as_lists(list(it)))
+            seen.append(it.__dict__["_rngaudit_keyed"])
+    assert epochs == plain
+    assert [s.epoch.epoch for s in seen] == [0, 1] and all(s.closed for s in seen)
+    rngaudit.wait_for_reports()
+
+
+def test_a_keyed_iterator_under_another_librarys_wrapper_is_still_keyed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An iterator class whose ``__next__`` another library wrapped over rngaudit's keeps the
+    wrapper (no plain subclass): the keyed epoch goes on through rngaudit's own wrapper."""
+    import wrapt
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    Ranks(monkeypatch, 1)
+    calls: list[int] = []
+
+    def count(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        calls.append(1)
+        return wrapped(*args, **kwargs)
+
+    class Counting(D.dataloader._SingleProcessDataLoaderIter):
+        pass
+
+    loader = rngaudit.sample_key(D.DataLoader(_Stream(6), batch_size=2), "id")
+    with rngaudit.audit(report_dir=tmp_path / "r", mode="raise"):
+        Counting.__next__ = wrapt.FunctionWrapper(  # type: ignore[method-assign]
+            _BaseDataLoaderIter.__dict__["__next__"], count
+        )
+        it = Counting(loader)
+        assert [b["id"].tolist() for b in it] == [[0, 1], [2, 3], [4, 5]]
+        assert calls == [1, 1, 1, 1] and type(it) is Counting  # never bypassed
+        current = it.__dict__["_rngaudit_keyed"]
+        assert current.closed and current.epoch.epoch == 0
+    rngaudit.wait_for_reports()
