@@ -15,6 +15,7 @@ CORRUPTED = {  # scenario -> the epoch whose verdict raises (left early: compare
     "keyed_seed_per_rank": "epoch 0",
     "keyed_workers_seed_per_rank": "epoch 0",
     "keyed_left_early": "epoch 1",
+    "keyed_ddp_no_split": "epoch 0",  # at the DDP module's first training forward
 }
 CLEAN = [
     "keyed_shared_seed",
@@ -22,6 +23,7 @@ CLEAN = [
     "keyed_presharded",
     "keyed_per_rank_augment",
     "keyed_one_rank_alone",
+    "keyed_ddp_shared_seed",
 ]
 SCENARIOS = [*CORRUPTED, *CLEAN]
 
@@ -73,6 +75,11 @@ def check_verdict(runs: dict[str, Any], how: str, scenario: str) -> None:
             epoch = int(CORRUPTED[scenario].split()[1])
             if scenario == "keyed_left_early":  # at epoch 1's first batch, before the loop
                 assert res["items_at_raise"] == 0, res
+            elif scenario == "keyed_ddp_no_split":  # the first batch, before its step
+                assert plain["steps"][0] == 24  # unaudited: every step of the epoch
+                assert res["items_at_raise"] == 4 and res["steps_at_raise"] == 0, res
+                assert "first batches of epoch 0" in res["message"], res["message"]
+                assert "before the first training step" in res["message"]
             else:  # the epoch's end: its whole share drawn
                 assert res["items_at_raise"] == len(plain["epochs"][epoch]), res
         else:

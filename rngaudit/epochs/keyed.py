@@ -394,18 +394,21 @@ def verdict(
     batch_size: int | None,
     data_parallel: bool,
     partial: list[int],
+    first: bool = False,
 ) -> Finding | None:
     """The verdict on one keyed epoch from every rank's :meth:`Taken.summary`: an id taken by
     more than one rank, beyond one round of padding (``world x batch_size``: accelerate's
     ``IterableDatasetShard`` / ``even_batches`` repeat at most one round), is an error; ranks
     that took identical ids with no data-parallel module training (a tensor-parallel group, a
     replicated evaluation) a warning. A rank repeating ids within its own share is no finding.
-    ``partial``: the ranks whose share was published when they left the epoch early."""
+    ``partial``: the ranks whose share was published when they left the epoch early;
+    ``first``: the summaries are the ranks' first batches (no padding allowed: any shared id
+    is duplication), compared before the first training step."""
     seen = overlap(summaries)
     if seen is None:
         return None
     world = len(summaries)
-    allowance = world * max(1, batch_size or 1)
+    allowance = 0 if first else world * max(1, batch_size or 1)
     lower = seen["shared"] - seen["shared_bound"]
     if seen["shared_proven"] == 0 or lower <= allowance:
         return None
@@ -416,6 +419,8 @@ def verdict(
         f"rank {r} took {_count(n, seen)}" for r, n in sorted(seen["per_rank"].items())
     )
     where = f"epoch {epoch} of {loader}"
+    if first:
+        where = f"the first batches of epoch {epoch} of {loader}"
     lines = [
         f"In {where}: {_count(seen['shared'], seen, seen['shared_bound'])} samples (by key "
         f"{key}) went to more than one rank; {took}, {_count(seen['union'], seen)} distinct in "
@@ -426,6 +431,11 @@ def verdict(
         lines.append(
             f"The counts are estimates from a hash sample of {seen['rate']:.3g} of the ids; "
             f"{seen['shared_proven']:,} sampled ids were proven taken by more than one rank."
+        )
+    if first:
+        lines.append(
+            "Compared before the first training step of the epoch, at the data-parallel "
+            "module's first training forward on it: the rest of the epoch is not known yet."
         )
     if partial:
         who = ", ".join(str(r) for r in partial)

@@ -86,7 +86,7 @@ class _KeyedLoader:
     unknown_logged: bool = False
 
 
-@dataclass
+@dataclass(eq=False)  # hashed by identity (first_step keeps it in a weak dictionary)
 class _KeyedEpoch:
     """One epoch of a keyed loader on this rank: the ids taken so far."""
 
@@ -723,6 +723,9 @@ class EpochGuard:
     def _judge_first(self, epoch: observed.Epoch, published: dict[int, dict[str, Any]]) -> None:
         """The verdict on an observed epoch at its first training step, from every rank of the
         data-parallel group (the same on each): the whole epoch each rank's sampler holds."""
+        if any(p.get("keyed") for p in published.values()):
+            self._judge_keyed_first(epoch, published)
+            return
         found: list[Finding] = []
         label = f"observed partition of epoch {epoch.epoch} of {epoch.label} ({epoch.chain})"
         try:
@@ -897,10 +900,36 @@ class EpochGuard:
                 ]
                 self.keyed_open.append(current)
             iterator.__dict__[_KEYED] = current
-            return True
         except Exception:
             log.warning("rngaudit: could not observe the keyed loader", exc_info=True)
             return False
+        self._keyed_first_step(current, batch)
+        return True
+
+    def _keyed_first_step(self, current: _KeyedEpoch, batch: Any) -> None:
+        """Under a data-parallel module, the keyed epoch's first batch: its ids compared by the
+        group at the module's next training forward (:mod:`~rngaudit.epochs.first_step`),
+        before the step; a first batch two ranks share is proof of duplication."""
+        try:
+            _arm_modules()
+            if len(observed._FOUND) == 0:
+                return  # no data-parallel module: no training forward every rank makes
+            ids = keyed.read(batch, current.loader.spec.key)
+            if ids is None:
+                return
+            first = keyed.Taken()
+            first.add(ids)
+            record = {
+                "key": current.epoch.key,
+                "epoch": current.epoch.epoch,
+                "keyed": True,
+                "first_ids": first.summary(),
+                "key_name": current.loader.spec.name,
+            }
+            item = first_step.Started(current.epoch, weakref.ref(current), record, self)
+            first_step.started(item)
+        except Exception:
+            log.warning("rngaudit: could not arm the keyed first-step check", exc_info=True)
 
     def _keyed_pending(self, key: str) -> None:
         """The earlier epochs of the keyed loader ``key`` this rank published before the
@@ -1010,11 +1039,35 @@ class EpochGuard:
         for old in dropped:  # never published by every rank (one rank's loader)
             observed.forget(old)
 
+    def _judge_keyed_first(
+        self, epoch: observed.Epoch, published: dict[int, dict[str, Any]]
+    ) -> None:
+        """The data-parallel group's first batches of a keyed epoch, at the module's first
+        training forward on it: an id two ranks' first batches share is an error (no padding
+        comes first), raised before the step."""
+        found: list[Finding] = []
+        label = f"first batches of epoch {epoch.epoch} of {epoch.label} ({epoch.chain})"
+        try:
+            if not all(p.get("keyed") for p in published.values()):
+                return
+            firsts = {r: p.get("first_ids") or {} for r, p in published.items()}
+            name = str(published[min(published)].get("key_name"))
+            finding = keyed.verdict(firsts, epoch.label, name, epoch.epoch, 0, True, [], True)
+            if finding is not None:
+                found.append(finding)
+                first_step.DECIDED.add((epoch.key, epoch.epoch))
+                epoch.watch.session.add_check(label, found)
+        except Exception:
+            log.warning("rngaudit: the keyed first-step comparison failed", exc_info=True)
+        _act(found, epoch.watch, label)
+
     def _judge_keyed(self, epoch: observed.Epoch, published: list[dict[str, Any]]) -> None:
         """The verdict on one keyed epoch (the same on every rank): raised or warned."""
         found: list[Finding] = []
         label = f"keyed partition of epoch {epoch.epoch} of {epoch.label} ({epoch.chain})"
         try:
+            if (epoch.key, epoch.epoch) in first_step.DECIDED:
+                return  # judged, with a finding, before its first training step
             summaries = {int(r["rank"]): r for r in published}
             if not all(s.get("keyed") for s in summaries.values()):
                 return

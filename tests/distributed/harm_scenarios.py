@@ -975,10 +975,10 @@ class KeyedStream(torch.utils.data.IterableDataset[dict[str, Any]]):
 
     def __init__(
         self, ctx: Ctx, seed: int, *, n: int = N_KEYED, planned: bool = False,
-        presharded: bool = False, augment: bool = False, alone: bool = False,
+        presharded: bool = False, augment: bool = False, whole: bool = False,
     ) -> None:  # fmt: skip
         self.n, self.seed, self.rank, self.world = n, seed, ctx.rank, ctx.world
-        if alone:  # read by one rank: the whole stream
+        if whole:  # every rank reads the whole stream (no split)
             self.rank, self.world = 0, 1
         self.planned, self.presharded, self.augment = planned, presharded, augment
         self.order: list[int] = []
@@ -1065,7 +1065,7 @@ def keyed_per_rank_augment(ctx: Ctx) -> Plan:
 def keyed_one_rank_alone(ctx: Ctx) -> Plan:
     """A keyed loader over the whole stream that only the last rank iterates (its evaluation):
     never compared, never waited for."""
-    plan = _keyed(ctx, KeyedStream(ctx, 10, alone=True), step=None)
+    plan = _keyed(ctx, KeyedStream(ctx, 10, whole=True), step=None)
     if ctx.rank != ctx.world - 1:
         plan.loader = []
     return plan
@@ -1077,6 +1077,20 @@ def keyed_left_early(ctx: Ctx) -> Plan:
     return _keyed(ctx, KeyedStream(ctx, _keyed_seed(ctx), n=400), batch=2, take=40)
 
 
+def keyed_ddp_no_split(ctx: Ctx) -> Plan:
+    """DDP, every rank reading the whole stream in one order (the stream never split by rank):
+    the ranks' first batches are the same samples, raised at the module's first training
+    forward, before the step."""
+    model = _ddp_model()
+    return _keyed(ctx, KeyedStream(ctx, 10, whole=True), step=_ddp_step(model), keep=model)
+
+
+def keyed_ddp_shared_seed(ctx: Ctx) -> Plan:
+    """The twin under DDP: one shared seed, perm[rank::world]: intact."""
+    model = _ddp_model()
+    return _keyed(ctx, KeyedStream(ctx, 10), step=_ddp_step(model), keep=model)
+
+
 KEYED = [
     "keyed_seed_per_rank",
     "keyed_workers_seed_per_rank",
@@ -1086,6 +1100,8 @@ KEYED = [
     "keyed_per_rank_augment",
     "keyed_one_rank_alone",
     "keyed_left_early",
+    "keyed_ddp_no_split",
+    "keyed_ddp_shared_seed",
 ]
 
 
