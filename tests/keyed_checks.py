@@ -26,6 +26,9 @@ CLEAN = [
     "keyed_ddp_shared_seed",
 ]
 SCENARIOS = [*CORRUPTED, *CLEAN]
+# the launch order (tests/distributed/harm_scenarios.py KEYED): the loader one rank iterates
+# alone last (under RNGAUDIT_SAMPLE_KEY it moves the iteration order later loaders match by)
+ORDER = [s for s in SCENARIOS if s != "keyed_one_rank_alone"] + ["keyed_one_rank_alone"]
 
 
 def overlap(runs: dict[str, Any], scenario: str, epoch: int) -> tuple[int, list[int], int]:

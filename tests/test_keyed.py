@@ -191,6 +191,9 @@ def test_sample_key_returns_its_target_and_never_raises(caplog: pytest.LogCaptur
     assert rngaudit.sample_key(loader, "id") is loader
     assert keyed.registered(loader.batch_sampler, None) == keyed.spec_of("id")
     assert rngaudit.sample_key(ds, 0) is ds
+    again = rngaudit.sample_key(D.DataLoader(ds, batch_size=2), "id")  # the same identity
+    rngaudit.sample_key(again, "id")  # declared twice: one place
+    assert keyed.ORDINALS[again.batch_sampler] == keyed.ORDINALS[loader.batch_sampler] + 1
     assert keyed.registered(None, ds) == keyed.spec_of(0)
     with caplog.at_level(logging.WARNING, "rngaudit"):
         odd: list[int] = []

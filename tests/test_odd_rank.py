@@ -44,7 +44,7 @@ TWINS = [
     "odd_ddp_self_shard_twin",
 ]
 # the keyed streams first: the odd scenarios leave epochs to compare when the group goes
-ORDER = [*keyed_checks.SCENARIOS, "odd_spawn_style", *TWINS[:1], *list(CORRUPTED)[1:], *TWINS[1:]]
+ORDER = [*keyed_checks.ORDER, "odd_spawn_style", *TWINS[:1], *list(CORRUPTED)[1:], *TWINS[1:]]
 
 pytestmark = pytest.mark.timeout(600)
 

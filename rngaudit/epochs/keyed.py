@@ -72,6 +72,18 @@ def spec_of(key: Any) -> Spec | None:
 # and datasets -> their key
 LOADERS: weakref.WeakKeyDictionary[Any, Spec] = weakref.WeakKeyDictionary()
 DATASETS: weakref.WeakKeyDictionary[Any, Spec] = weakref.WeakKeyDictionary()
+# a keyed loader's place among the loaders of its identity keyed before it on this rank (the
+# same on every rank that runs the same code, whichever ranks later iterate them)
+ORDINALS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+_COUNTS: dict[str, int] = {}
+
+
+def identity(dataset: Any, spec: Spec, batch_size: Any) -> str:
+    """What matches a keyed loader across ranks: the dataset's class, the key, the batch size
+    (not the dataset's attributes: a self-sharding stream stores its rank)."""
+    cls = type(dataset)
+    size = batch_size if isinstance(batch_size, int) and batch_size > 0 else None
+    return f"{cls.__module__}.{cls.__qualname__}|{spec.ident}|{size}"
 
 
 def _is_loader(target: Any) -> bool:
@@ -99,6 +111,12 @@ def sample_key(target: Any, key: Any) -> Any:
             if index is None:
                 raise TypeError("the loader has no index sampler")
             LOADERS[index] = spec
+            ident = identity(
+                getattr(target, "dataset", None), spec, getattr(index, "batch_size", None)
+            )
+            if index not in ORDINALS:
+                ORDINALS[index] = _COUNTS.get(ident, 0)
+                _COUNTS[ident] = ORDINALS[index] + 1
         else:
             DATASETS[target] = spec
     except Exception as exc:  # unhashable, not weak-referenceable, a property that raises

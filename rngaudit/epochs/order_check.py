@@ -968,16 +968,26 @@ class EpochGuard:
         batch_size = peek.attr(index, "batch_size")
         size = batch_size if isinstance(batch_size, int) and batch_size > 0 else None
         cls = type(dataset)
-        identity = f"{cls.__module__}.{cls.__qualname__}|{spec.ident}"
+        identity = keyed.identity(dataset, spec, size)
         with self._lock:
-            base = f"keyed|{identity}|{size}"
-            occurrence = self._occurrences.get(base, 0)
-            self._occurrences[base] = occurrence + 1
+            # the loader's place among those of its identity: in the order sample_key keyed
+            # them (every rank runs that code), else the order this rank first iterates them
+            try:
+                ordinal: int | None = keyed.ORDINALS.get(index)
+            except TypeError:
+                ordinal = None
+            if ordinal is not None:
+                occurrence, where = ordinal, "declared"
+            else:
+                base = f"keyed|{identity}"
+                occurrence = self._occurrences.get(base, 0)
+                self._occurrences[base] = occurrence + 1
+                where = "iterated"
             label = _loader_label(index) or (
                 f"DataLoader over {cls.__name__}" + (f" #{occurrence + 1}" if occurrence else "")
             )
             known = _KeyedLoader(
-                observed.loader_key(identity, "keyed", size, occurrence), label, spec, size
+                observed.loader_key(identity, f"keyed {where}", size, occurrence), label, spec, size
             )
             try:
                 self.keyed[index] = known

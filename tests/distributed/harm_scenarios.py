@@ -1098,10 +1098,12 @@ KEYED = [
     "keyed_workers_shared_seed",
     "keyed_presharded",
     "keyed_per_rank_augment",
-    "keyed_one_rank_alone",
     "keyed_left_early",
     "keyed_ddp_no_split",
     "keyed_ddp_shared_seed",
+    # last: under RNGAUDIT_SAMPLE_KEY loaders are matched in the order each rank first iterates
+    # them, and a loader one rank iterates alone moves that order on that rank
+    "keyed_one_rank_alone",
 ]
 
 
