@@ -13,6 +13,7 @@ from rngaudit.errors import RNGDivergenceError as RNGDivergenceError
 from rngaudit.errors import WorkerDuplicateStreamError as WorkerDuplicateStreamError
 
 if TYPE_CHECKING:
+    from rngaudit.epochs.keyed import sample_key as sample_key
     from rngaudit.findings import Finding as Finding
     from rngaudit.reports.files import flush as wait_for_reports
     from rngaudit.reports.model import AuditReport as AuditReport
@@ -28,6 +29,7 @@ _LAZY = {
     "audit": ("rngaudit.with_block", "audit"),
     "AuditReport": ("rngaudit.reports.model", "AuditReport"),
     "Finding": ("rngaudit.findings", "Finding"),
+    "sample_key": ("rngaudit.epochs.keyed", "sample_key"),
     "wait_for_reports": ("rngaudit.reports.files", "flush"),
 }
 
@@ -56,5 +58,6 @@ __all__ = [
     "RNGDivergenceError",
     "WorkerDuplicateStreamError",
     "audit",
+    "sample_key",
     "wait_for_reports",
 ]

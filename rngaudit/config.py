@@ -15,6 +15,7 @@ ENV_MODE = "RNGAUDIT"  # 1|raise|warn|report switch the whole run on; unset or 0
 ENV_REPORT_DIR = "RNGAUDIT_REPORT_DIR"  # where reports go (default ./rngaudit-report)
 ENV_TIMEOUT = "RNGAUDIT_TIMEOUT"  # seconds a rank waits for the others (default 120)
 ENV_EPOCHS = "RNGAUDIT_EPOCHS"  # all (default): order check at every epoch; first; 0: off
+ENV_SAMPLE_KEY = "RNGAUDIT_SAMPLE_KEY"  # a batch field: iterable-style loaders holding it keyed
 
 MODES = ("raise", "warn", "report")
 DEFAULT_REPORT_DIR = "rngaudit-report"
@@ -29,6 +30,7 @@ class Settings:
     report_dir: Path
     timeout: float
     strict: bool
+    sample_key: str | None = None  # RNGAUDIT_SAMPLE_KEY: the field keying iterable streams
 
 
 def shown(value: object) -> str:
@@ -128,7 +130,10 @@ def resolve(
         chosen_dir = parse_report_dir(report_dir, "report_dir")
     if timeout is not None:
         chosen_timeout = parse_timeout(timeout, "timeout")
-    return Settings(chosen_mode, attempt_dir(chosen_dir, env), chosen_timeout, bool(strict))
+    sample_key = env.get(ENV_SAMPLE_KEY, "").strip() or None
+    return Settings(
+        chosen_mode, attempt_dir(chosen_dir, env), chosen_timeout, bool(strict), sample_key
+    )
 
 
 ENV_RESTART = "TORCHELASTIC_RESTART_COUNT"  # torchrun's restart attempt (0 the first)

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import keyed_checks
 import pytest
 
 pytestmark = pytest.mark.timeout(600)
@@ -122,6 +123,7 @@ def _launch(outdir: Path, how: str, only: list[str] | None = None) -> dict[int, 
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore")
     if how == "env":
         env.update(RNGAUDIT="1", RNGAUDIT_REPORT_DIR=str(outdir / "report"))
+        env.update(RNGAUDIT_SAMPLE_KEY="id")  # the keyed scenarios: keyed with no code change
     proc = subprocess.run(
         cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400
     )  # fmt: skip
@@ -561,3 +563,31 @@ def test_same_indices_with_different_content_is_a_warning_that_says_so(
     assert said, how
     assert all(f["severity"] == "warning" for f in said)
     assert all("picks its part by rank" in f["message"] for f in said)
+
+
+# Iterable streams of the user's own, keyed by the sample id (tests/keyed_checks.py; the same
+# checks at three ranks in tests/test_odd_rank.py).
+@pytest.mark.parametrize("scenario", keyed_checks.SCENARIOS)
+def test_keyed_scenario_is_what_it_claims(runs: dict[str, Any], scenario: str) -> None:
+    keyed_checks.check_truth(runs, scenario)
+
+
+@pytest.mark.parametrize("how", HOWS)
+@pytest.mark.parametrize("scenario", keyed_checks.SCENARIOS)
+def test_keyed_verdict_matches_the_measured_ids(
+    runs: dict[str, Any], how: str, scenario: str
+) -> None:
+    keyed_checks.check_verdict(runs, how, scenario)
+
+
+@pytest.mark.parametrize("how", HOWS)
+@pytest.mark.parametrize("scenario", ["keyed_seed_per_rank", "keyed_workers_seed_per_rank"])
+def test_keyed_counts_are_the_measured_ones(runs: dict[str, Any], how: str, scenario: str) -> None:
+    keyed_checks.check_counts(runs, how, scenario)
+
+
+@pytest.mark.parametrize("how", HOWS)
+def test_a_keyed_loader_one_rank_iterates_is_never_waited_for(
+    runs: dict[str, Any], how: str
+) -> None:
+    keyed_checks.check_alone(runs, how)

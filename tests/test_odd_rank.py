@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import keyed_checks
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,8 +64,9 @@ TWINS = [  # intact: no rank differs, or one's seed differs and the partition do
     "odd_self_sharding_reseeded_after_block",
 ]
 FIRST_FIVE = list(CORRUPTED)[:5]
+# the keyed streams first: the odd scenarios leave epochs to compare when the group goes
 ORDER = [
-    "odd_spawn_style", *TWINS[:1], *FIRST_FIVE[1:], *TWINS[1:5],
+    *keyed_checks.ORDER, "odd_spawn_style", *TWINS[:1], *FIRST_FIVE[1:], *TWINS[1:5],
     *list(CORRUPTED)[5:], *TWINS[5:],
 ]  # fmt: skip
 
@@ -81,6 +83,7 @@ def _launch(outdir: Path, how: str) -> dict[int, dict[str, Any]]:
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore")
     if how == "env":
         env.update(RNGAUDIT="1", RNGAUDIT_REPORT_DIR=str(outdir / "report"))
+        env.update(RNGAUDIT_SAMPLE_KEY="id")  # the keyed scenarios: keyed with no code change
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
     assert proc.returncode == 0, f"{how}: torchrun exited {proc.returncode}\n{tail}"
@@ -198,3 +201,25 @@ def test_the_counts_are_the_measured_ones(runs: dict[str, Any], how: str) -> Non
         union = set().union(*plain)
         shared = sum(1 for i in union if sum(i in p for p in plain) > 1)
         assert f"{shared} of 36 {says} {36 - len(union)}" in runs[how][0][scenario]["message"]
+
+
+@pytest.mark.parametrize("scenario", keyed_checks.SCENARIOS)
+def test_keyed_scenario_is_what_it_claims(runs: dict[str, Any], scenario: str) -> None:
+    keyed_checks.check_truth(runs, scenario)
+
+
+@pytest.mark.parametrize("how", ["block", "env"])
+@pytest.mark.parametrize("scenario", keyed_checks.SCENARIOS)
+def test_keyed_verdict_names_the_odd_ranks_overlap(
+    runs: dict[str, Any], how: str, scenario: str
+) -> None:
+    keyed_checks.check_verdict(runs, how, scenario)
+    if scenario in ("keyed_seed_per_rank", "keyed_workers_seed_per_rank"):
+        keyed_checks.check_counts(runs, how, scenario)
+
+
+@pytest.mark.parametrize("how", ["block", "env"])
+def test_a_keyed_loader_the_odd_rank_iterates_alone_is_never_waited_for(
+    runs: dict[str, Any], how: str
+) -> None:
+    keyed_checks.check_alone(runs, how)

@@ -78,10 +78,10 @@ def finish(epoch: Epoch, summary: dict[str, Any]) -> list[dict[str, Any]] | None
     where = exchange.distributed()
     if where is None:
         return None
-    rank, world = where
+    world = where[1]
     store = exchange._store()
     base = _base(epoch)
-    store.set(f"{base}/end/{rank}", exchange.encode(summary))
+    publish(epoch, summary)
     starts = [f"{base}/start/{r}" for r in range(world)]
     iterated = [f"{PREFIX}/{epoch.key}/iterated/{r}" for r in range(world)]
     ends = [f"{base}/end/{r}" for r in range(world)]
@@ -89,6 +89,29 @@ def finish(epoch: Epoch, summary: dict[str, Any]) -> list[dict[str, Any]] | None
         WAITED[epoch.label] += 1
         _wait(store, ends, min(END_WAIT, float(epoch.watch.settings.timeout)))
     return collect(epoch)
+
+
+def announced(epoch: Epoch) -> list[dict[str, Any]] | None:
+    """Every rank's summary of an epoch published earlier, waited for (up to ``END_WAIT``)
+    only when every rank has announced it by now (each is drawing it: its end is near), else
+    collected without a wait; None when not all have published."""
+    where = exchange.distributed()
+    if where is None:
+        return None
+    store = exchange._store()
+    base = _base(epoch)
+    if store.check([f"{base}/start/{r}" for r in range(where[1])]):
+        WAITED[epoch.label] += 1
+        ends = [f"{base}/end/{r}" for r in range(where[1])]
+        _wait(store, ends, min(END_WAIT, float(epoch.watch.settings.timeout)))
+    return collect(epoch)
+
+
+def publish(epoch: Epoch, summary: dict[str, Any]) -> None:
+    """Publish what this rank took in ``epoch`` (never waits)."""
+    where = exchange.distributed()
+    if where is not None:
+        exchange._store().set(f"{_base(epoch)}/end/{where[0]}", exchange.encode(summary))
 
 
 def _wait(store: Any, keys: list[str], seconds: float) -> None:

@@ -35,6 +35,7 @@ from rngaudit.config import Settings
 from rngaudit.epochs import (
     ahead,
     first_step,
+    keyed,
     observed,
     order_rules,
     partition,
@@ -69,6 +70,48 @@ class _Observed:
     identity: str
     epochs: int = 0
     scanned: bool = False  # the heap searched once for data-parallel modules
+
+
+@dataclass
+class _KeyedLoader:
+    """An iterable-style loader whose batches are compared by a declared sample key."""
+
+    key: str  # the loader's cross-rank identity
+    label: str
+    spec: keyed.Spec
+    batch_size: int | None
+    epochs: int = 0
+    scanned: bool = False  # the heap searched once for data-parallel modules
+    current: _KeyedEpoch | None = None
+    unknown_logged: bool = False
+
+
+@dataclass(eq=False)  # hashed by identity (first_step keeps it in a weak dictionary)
+class _KeyedEpoch:
+    """One epoch of a keyed loader on this rank: the ids taken so far."""
+
+    loader: _KeyedLoader
+    epoch: observed.Epoch
+    source: Any  # the iterator's _sampler_iter of this epoch (held: its id is not reused)
+    taken: keyed.Taken = field(default_factory=keyed.Taken)
+    closed: bool = False
+
+    def add(self, batch: Any) -> None:
+        """The ids of one batch the loader returned (never raises; the batch is not touched)."""
+        if not self.taken.known:
+            return
+        hashed = keyed.read(batch, self.loader.spec.key)
+        if hashed is None:
+            self.taken.known = False
+            if not self.loader.unknown_logged:
+                self.loader.unknown_logged = True
+                log.warning(
+                    "rngaudit: epoch %d of %s is not compared: the sample key %s could not be "
+                    "read from one of its batches (logged once per loader)",
+                    self.epoch.epoch, self.loader.label, self.loader.spec.name,
+                )  # fmt: skip
+            return
+        self.taken.add(hashed)
 
 
 @dataclass
@@ -133,8 +176,13 @@ class EpochGuard:
         self._occurrences: dict[str, int] = {}
         self.later: list[observed.Epoch] = []  # published epochs not compared yet
         self.partitioned: set[str] = set()  # loaders an epoch of which partitioned the data
-        # (iterator class, observing) -> its subclass without our wrappers
-        self._plain: dict[tuple[type, bool], type] = {}
+        # iterable-style loaders keyed by a sample key (index sampler -> it; None: not keyed)
+        self.keyed: weakref.WeakKeyDictionary[Any, _KeyedLoader | None] = (
+            weakref.WeakKeyDictionary()
+        )
+        self.keyed_open: list[_KeyedEpoch] = []  # epochs begun and not published yet
+        # (iterator class, observing, keyed) -> its subclass without our wrappers
+        self._plain: dict[tuple[type, bool, bool], type] = {}
         self._count = 0
         # destroy_process_group wrapped once a loader is observed, until the group goes (kept
         # past the guard's own uninstall: the loaders may be gone, their epochs not compared)
@@ -282,6 +330,7 @@ class EpochGuard:
         """Close this rank's observed loaders, wait (``unpublished.WAIT`` at most) for the
         other ranks to publish or close the epochs still pending here, and judge those every
         rank published; those some rank did not are named in a warning (not compared)."""
+        self._publish_open()
         with self._lock:
             waiting, self.later = self.later, []
             keys = sorted(self._observed_keys)
@@ -308,6 +357,25 @@ class EpochGuard:
                     epoch.label,
                     ranks_phrase(missing),
                 )
+
+    def _publish_open(self) -> None:
+        """The keyed epochs this rank left early (a ``break``) and never ended: what each took
+        so far is published (an overlap among partial shares is duplication too), to be
+        compared with the other pending epochs."""
+        with self._lock:
+            left, self.keyed_open = [e for e in self.keyed_open if not e.closed], []
+        for current in left:
+            current.closed = True
+            with contextlib.suppress(Exception):
+                summary = dict(
+                    current.taken.summary(),
+                    batch_size=current.loader.batch_size,
+                    key_name=current.loader.spec.name,
+                    partial=True,
+                    data_parallel=observed.data_parallel_groups(scan=False),
+                )
+                observed.publish(current.epoch, summary)
+                self._later(current.epoch)
 
     def uninstall(self) -> None:
         with self._lock:
@@ -350,9 +418,12 @@ class EpochGuard:
     def _next(
         self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kw: dict[str, Any]
     ) -> Any:
-        batch = wrapped(*args, **kw)
         if instance is None or RECORDER.busy():
-            return batch
+            return wrapped(*args, **kw)
+        current = instance.__dict__.get(_KEYED)
+        if current is not None and current.source is instance.__dict__.get("_sampler_iter"):
+            return self._keyed_pull(current, wrapped, *args, **kw)  # no plain subclass for it
+        batch = wrapped(*args, **kw)
         epoch_key = id(getattr(instance, "_sampler_iter", None))
         if self.seen.get(instance) == epoch_key:
             return batch  # not the first batch of an epoch: nothing to do
@@ -366,30 +437,38 @@ class EpochGuard:
         if tape is not None and tape.context[1] is None:  # an observed epoch: its content
             with RECORDER.paused():
                 first_step.content(tape, batch)
+        with RECORDER.paused():
+            keyed_epoch = self._keyed_first(instance, batch)
         # nothing to observe until the next epoch begins, or only the index batches
-        self._go_plain(instance, observing=tape is not None and not tape.closed and not tape.teed)
+        self._go_plain(
+            instance,
+            observing=tape is not None and not tape.closed and not tape.teed,
+            keyed=keyed_epoch,
+        )
         return batch
 
-    def _go_plain(self, iterator: Any, observing: bool = False) -> None:
+    def _go_plain(self, iterator: Any, observing: bool = False, keyed: bool = False) -> None:
         """The rest of the epoch runs without any rngaudit frame: the iterator becomes a
         subclass of its own class whose ``__next__`` / ``_next_index`` are the originals where
         its class would reach this guard's wrappers (another library's wrapper, or an override
         of its own, is kept), and whose ``_reset`` (persistent workers: the next epoch) turns it
-        back first. Never raises."""
+        back first; ``keyed``: its ``__next__`` still keeps each batch's sample ids. Never
+        raises."""
         try:
             cls = type(iterator)
             if cls.__dict__.get(_PLAIN_MARK, False):
                 return
             with self._lock:
-                plain = self._plain.get((cls, observing))
+                plain = self._plain.get((cls, observing, keyed))
                 if plain is None:
-                    plain = self._plain[(cls, observing)] = self._plain_subclass(cls, observing)
+                    plain = self._plain_subclass(cls, observing, keyed)
+                    self._plain[(cls, observing, keyed)] = plain
             if plain is not cls:
                 iterator.__class__ = plain
         except Exception:
             log.debug("rngaudit: could not take the order check off an iterator", exc_info=True)
 
-    def _plain_subclass(self, cls: type, observing: bool) -> type:
+    def _plain_subclass(self, cls: type, observing: bool, keyed: bool = False) -> type:
         """``cls`` without this guard's per-batch wrappers; ``observing``: its ``_next_index``
         still keeps each index batch (a plain function, no wrapper), or ``cls`` itself when
         that cannot be arranged."""
@@ -410,6 +489,10 @@ class EpochGuard:
             if "_next_index" not in namespace:
                 return cls  # the observation must go on through the wrapper
             namespace["_next_index"] = _observing_next_index(namespace["_next_index"], self)
+        if keyed:
+            if "__next__" not in namespace:
+                return cls  # the keyed batches must go on through the wrapper
+            namespace["__next__"] = _keyed_next(namespace["__next__"], self)
         if len(namespace) == 4:  # nothing of ours on its per-batch path
             return cls
         return type(cls.__name__, (cls,), namespace)
@@ -640,6 +723,9 @@ class EpochGuard:
     def _judge_first(self, epoch: observed.Epoch, published: dict[int, dict[str, Any]]) -> None:
         """The verdict on an observed epoch at its first training step, from every rank of the
         data-parallel group (the same on each): the whole epoch each rank's sampler holds."""
+        if any(p.get("keyed") for p in published.values()):
+            self._judge_keyed_first(epoch, published)
+            return
         found: list[Finding] = []
         label = f"observed partition of epoch {epoch.epoch} of {epoch.label} ({epoch.chain})"
         try:
@@ -703,12 +789,7 @@ class EpochGuard:
             with self._lock:
                 self._maybe_uninstall()
         if got is None:
-            with self._lock:
-                self.later.append(epoch)
-                dropped = self.later[: -observed.MAX_PENDING]
-                self.later = self.later[-observed.MAX_PENDING :]
-            for old in dropped:  # never published by every rank (one rank's loader)
-                observed.forget(old)
+            self._later(epoch)
             return
         self._judge(epoch, got)
 
@@ -734,6 +815,9 @@ class EpochGuard:
     def _judge(self, epoch: observed.Epoch, published: list[dict[str, Any]]) -> None:
         """The verdict on one observed epoch, from every rank's summary (the same on every
         rank): raised or warned as the watch's mode says."""
+        if any(r.get("keyed") for r in published):
+            self._judge_keyed(epoch, published)
+            return
         found: list[Finding] = []
         label = f"observed partition of epoch {epoch.epoch} of {epoch.label} ({epoch.chain})"
         try:
@@ -745,12 +829,7 @@ class EpochGuard:
             unlike = order_rules.unlike_content(summaries)
             # a data-parallel signal only when every rank published one; the overlap is then
             # judged within this rank's data-parallel group
-            data_parallel = all(s.get("data_parallel") for s in summaries.values())
-            mine = exchange.current_rank()
-            groups = summaries.get(mine, {}).get("data_parallel") or []
-            group = next((g for g in groups if mine in g), None)
-            if data_parallel and group is not None and 1 < len(group) < len(summaries):
-                summaries = {r: s for r, s in summaries.items() if r in group}
+            data_parallel, summaries = _within_group(summaries)
             finding, exact = order_rules.observed_overlap(
                 summaries, epoch.label, epoch.chain, epoch.epoch,
                 epoch.key in self.partitioned, data_parallel,
@@ -764,6 +843,256 @@ class EpochGuard:
                 epoch.watch.session.add_check(label, found)
         except Exception:
             log.warning("rngaudit: the observed partition could not compare", exc_info=True)
+        _act(found, epoch.watch, label)
+
+    # -- keyed streams -------------------------------------------------------------------------
+    def _keyed_first(self, iterator: Any, batch: Any) -> bool:
+        """The first batch of an epoch of an iterable-style loader: when it is keyed (by
+        :func:`~rngaudit.epochs.keyed.sample_key`, or by ``RNGAUDIT_SAMPLE_KEY`` when its batch
+        holds that field), its epoch is announced and this batch's ids kept; an earlier epoch
+        left early is published first. Whether the epoch is observed; never raises but what
+        the published earlier epoch's verdict raises."""
+        try:
+            if exchange.distributed() is None:
+                return False
+            if peek.integer(peek.attr(iterator, "_dataset_kind"), 0) != 1:  # map-style
+                return False
+            index = peek.attr(iterator, "_index_sampler")
+            dataset = peek.attr(iterator, "_dataset")
+            with self._lock:
+                try:
+                    seen = index in self.keyed
+                except TypeError:  # an unhashable index sampler: never keyed
+                    return False
+                known = self.keyed.get(index)
+            if not seen:
+                known = self._keyed_loader(index, dataset, batch)
+            if known is None:
+                return False
+            with self._lock:
+                watch = self.observing.get(index) or (
+                    self.open[-1] if self.open else self.everything
+                )
+        except Exception:
+            log.warning("rngaudit: could not observe the keyed loader", exc_info=True)
+            return False
+        if watch is None:
+            return False
+        if known.current is not None and not known.current.closed:  # the last epoch, left early
+            self._keyed_end(known.current, partial=True)
+        self._keyed_pending(known.key)
+        if not watch.every_epoch and known.epochs > 0:
+            return False
+        try:
+            epoch = observed.Epoch(
+                known.key, known.epochs, known.label, f"keyed by {known.spec.name}", watch
+            )
+            known.epochs += 1
+            self._observed_keys.add(known.key)
+            self._hook_destroy()  # this rank closes the loader there: no rank waits for it
+            observed.start(epoch)
+            current = _KeyedEpoch(known, epoch, iterator.__dict__.get("_sampler_iter"))
+            current.add(batch)
+            known.current = current
+            with self._lock:
+                self.keyed_open = [e for e in self.keyed_open if not e.closed][
+                    -observed.MAX_PENDING :
+                ]
+                self.keyed_open.append(current)
+            iterator.__dict__[_KEYED] = current
+        except Exception:
+            log.warning("rngaudit: could not observe the keyed loader", exc_info=True)
+            return False
+        self._keyed_first_step(current, batch)
+        return True
+
+    def _keyed_first_step(self, current: _KeyedEpoch, batch: Any) -> None:
+        """Under a data-parallel module, the keyed epoch's first batch: its ids compared by the
+        group at the module's next training forward (:mod:`~rngaudit.epochs.first_step`),
+        before the step; a first batch two ranks share is proof of duplication."""
+        try:
+            _arm_modules()
+            if len(observed._FOUND) == 0:
+                return  # no data-parallel module: no training forward every rank makes
+            ids = keyed.read(batch, current.loader.spec.key)
+            if ids is None:
+                return
+            first = keyed.Taken()
+            first.add(ids)
+            record = {
+                "key": current.epoch.key,
+                "epoch": current.epoch.epoch,
+                "keyed": True,
+                "first_ids": first.summary(),
+                "key_name": current.loader.spec.name,
+            }
+            item = first_step.Started(current.epoch, weakref.ref(current), record, self)
+            first_step.started(item)
+        except Exception:
+            log.warning("rngaudit: could not arm the keyed first-step check", exc_info=True)
+
+    def _keyed_pending(self, key: str) -> None:
+        """The earlier epochs of the keyed loader ``key`` this rank published before the
+        others had announced them (it ran ahead): compared now, waited for when every rank
+        has announced them since (they are drawing them)."""
+        with self._lock:
+            mine = [e for e in self.later if e.key == key]
+        for epoch in mine:  # (a rank never waits here for an epoch it alone iterates)
+            try:
+                got = observed.announced(epoch)
+            except Exception:
+                log.debug("rngaudit: could not read a keyed epoch", exc_info=True)
+                continue
+            if got is None:
+                continue
+            with self._lock:
+                self.later = [e for e in self.later if e is not epoch]
+            self._judge(epoch, got)  # may raise: the epochs still waiting are kept
+
+    def _keyed_loader(self, index: Any, dataset: Any, batch: Any) -> _KeyedLoader | None:
+        """The keyed loader of ``index`` (its declared key, or the environment's field when
+        its first batch holds it), remembered (None: not keyed)."""
+        spec = keyed.registered(index, dataset)
+        if spec is None:
+            with self._lock:
+                watch = self.observing.get(index) or (
+                    self.open[-1] if self.open else self.everything
+                )
+            field_name = watch.settings.sample_key if watch is not None else None
+            if field_name and keyed.read(batch, field_name) is not None:
+                spec = keyed.spec_of(field_name)
+        if spec is None:
+            with contextlib.suppress(TypeError), self._lock:
+                self.keyed[index] = None
+            return None
+        batch_size = peek.attr(index, "batch_size")
+        size = batch_size if isinstance(batch_size, int) and batch_size > 0 else None
+        cls = type(dataset)
+        identity = keyed.identity(dataset, spec, size)
+        with self._lock:
+            # the loader's place among those of its identity: in the order sample_key keyed
+            # them (every rank runs that code), else the order this rank first iterates them
+            try:
+                ordinal: int | None = keyed.ORDINALS.get(index)
+            except TypeError:
+                ordinal = None
+            if ordinal is not None:
+                occurrence, where = ordinal, "declared"
+            else:
+                base = f"keyed|{identity}"
+                occurrence = self._occurrences.get(base, 0)
+                self._occurrences[base] = occurrence + 1
+                where = "iterated"
+            label = _loader_label(index) or (
+                f"DataLoader over {cls.__name__}" + (f" #{occurrence + 1}" if occurrence else "")
+            )
+            known = _KeyedLoader(
+                observed.loader_key(identity, f"keyed {where}", size, occurrence), label, spec, size
+            )
+            try:
+                self.keyed[index] = known
+            except TypeError:
+                return None
+        return known
+
+    def _keyed_pull(
+        self, current: _KeyedEpoch, pull: Callable[..., Any], *args: Any, **kw: Any
+    ) -> Any:
+        """One batch of a keyed epoch, its ids kept; at the epoch's end (StopIteration) this
+        rank's share is published and compared."""
+        try:
+            batch = pull(*args, **kw)
+        except StopIteration:
+            if not current.closed:
+                with RECORDER.paused():
+                    self._keyed_end(current)
+            raise
+        current.add(batch)
+        return batch
+
+    def _keyed_end(self, current: _KeyedEpoch, partial: bool = False) -> None:
+        """Publish what this rank took in a keyed epoch (``partial``: it left the epoch early);
+        compare when every rank has, else later (as an observed epoch)."""
+        current.closed = True
+        known, epoch = current.loader, current.epoch
+        try:
+            groups = observed.data_parallel_groups(scan=not known.scanned)
+            known.scanned = True
+            summary = dict(
+                current.taken.summary(),
+                batch_size=known.batch_size,
+                key_name=known.spec.name,
+                partial=partial,
+                data_parallel=groups,
+            )
+            current.taken = keyed.Taken()  # published: the ids are not held any longer
+            observed.publish(epoch, summary)
+        except Exception:
+            log.warning("rngaudit: could not publish the keyed loader's epoch", exc_info=True)
+            return
+        self._keyed_pending(known.key)  # earlier epochs first (may raise)
+        try:
+            got = observed.finish(epoch, summary)
+        except Exception:
+            log.warning("rngaudit: could not publish the keyed loader's epoch", exc_info=True)
+            return
+        if got is None:
+            self._later(epoch)
+            return
+        self._judge(epoch, got)
+
+    def _later(self, epoch: observed.Epoch) -> None:
+        with self._lock:
+            self.later.append(epoch)
+            dropped = self.later[: -observed.MAX_PENDING]
+            self.later = self.later[-observed.MAX_PENDING :]
+        for old in dropped:  # never published by every rank (one rank's loader)
+            observed.forget(old)
+
+    def _judge_keyed_first(
+        self, epoch: observed.Epoch, published: dict[int, dict[str, Any]]
+    ) -> None:
+        """The data-parallel group's first batches of a keyed epoch, at the module's first
+        training forward on it: an id two ranks' first batches share is an error (no padding
+        comes first), raised before the step."""
+        found: list[Finding] = []
+        label = f"first batches of epoch {epoch.epoch} of {epoch.label} ({epoch.chain})"
+        try:
+            if not all(p.get("keyed") for p in published.values()):
+                return
+            firsts = {r: p.get("first_ids") or {} for r, p in published.items()}
+            name = str(published[min(published)].get("key_name"))
+            finding = keyed.verdict(firsts, epoch.label, name, epoch.epoch, 0, True, [], True)
+            if finding is not None:
+                found.append(finding)
+                first_step.DECIDED.add((epoch.key, epoch.epoch))
+                epoch.watch.session.add_check(label, found)
+        except Exception:
+            log.warning("rngaudit: the keyed first-step comparison failed", exc_info=True)
+        _act(found, epoch.watch, label)
+
+    def _judge_keyed(self, epoch: observed.Epoch, published: list[dict[str, Any]]) -> None:
+        """The verdict on one keyed epoch (the same on every rank): raised or warned."""
+        found: list[Finding] = []
+        label = f"keyed partition of epoch {epoch.epoch} of {epoch.label} ({epoch.chain})"
+        try:
+            if (epoch.key, epoch.epoch) in first_step.DECIDED:
+                return  # judged, with a finding, before its first training step
+            summaries = {int(r["rank"]): r for r in published}
+            if not all(s.get("keyed") for s in summaries.values()):
+                return
+            data_parallel, summaries = _within_group(summaries)
+            mine = summaries.get(exchange.current_rank(), {})
+            partial = sorted(r for r, s in summaries.items() if s.get("partial"))
+            finding = keyed.verdict(
+                summaries, epoch.label, str(mine.get("key_name")), epoch.epoch,
+                mine.get("batch_size"), data_parallel, partial,
+            )  # fmt: skip
+            if finding is not None:
+                found.append(finding)
+                epoch.watch.session.add_check(label, found)
+        except Exception:
+            log.warning("rngaudit: the keyed partition could not compare", exc_info=True)
         _act(found, epoch.watch, label)
 
     def _epoch_end(self, tape: partition.Tape) -> None:
@@ -981,6 +1310,34 @@ def _planned_summary(planned: Any) -> dict[str, Any] | None:
 
 
 _DESTROY_MODULES = ("torch.distributed", "torch.distributed.distributed_c10d")
+_KEYED = "_rngaudit_keyed"  # an iterator's keyed epoch (in its __dict__)
+
+
+def _keyed_next(original: Callable[[Any], Any], guard: EpochGuard) -> Any:
+    """``__next__`` of a keyed epoch, after its first batch: the original, each batch's sample
+    ids kept, the epoch published when the loader's iterator ends."""
+
+    def __next__(self: Any) -> Any:
+        current = self.__dict__.get(_KEYED)
+        if current is None or current.closed:
+            return original(self)
+        return guard._keyed_pull(current, original, self)
+
+    return __next__
+
+
+def _within_group(summaries: dict[int, dict[str, Any]]) -> tuple[bool, dict[int, dict[str, Any]]]:
+    """Whether every rank published a data-parallel signal, and the summaries of this rank's
+    data-parallel group (all of them when there is no signal or one group)."""
+    data_parallel = all(s.get("data_parallel") for s in summaries.values())
+    mine = exchange.current_rank()
+    groups = summaries.get(mine, {}).get("data_parallel") or []
+    group = next((g for g in groups if mine in g), None)
+    if data_parallel and group is not None and 1 < len(group) < len(summaries):
+        summaries = {r: s for r, s in summaries.items() if r in group}
+    return data_parallel, summaries
+
+
 _PLAIN_MARK = "_rngaudit_plain"
 TEE_MAX = partition.MAX_SKETCH_ROOT  # roots observed through a tee (at most FOLD batches held)
 

@@ -116,6 +116,7 @@ class Plan:
     after_epoch: Callable[[int], None] | None = None
     step: Callable[[Any], None] | None = None  # a training step on each batch
     keep: Any = None  # what must stay alive while the loader is iterated (a DDP model)
+    take: int | None = None  # samples per epoch before the loop breaks (None: the whole epoch)
 
 
 @dataclass
@@ -1065,6 +1066,153 @@ class _FirstBatches:
             yield next(it)
 
 
+# --------------------------------------------------------------------------- issue 21 (keyed)
+# Iterable streams of the user's own, compared by the sample key the user declares
+# (rngaudit.sample_key in a block; RNGAUDIT_SAMPLE_KEY=id under RNGAUDIT: the launch sets it).
+# The last rank is the odd one (per-rank seeds at world 2, one rank of three at world 3).
+N_KEYED = 96  # a multiple of 2, 3 and 4 (and of the workers' split)
+
+
+class KeyedStream(torch.utils.data.IterableDataset[dict[str, Any]]):
+    """A user's stream that shards itself: ``perm = randperm(n, generator); perm[rank::world]``
+    drawn in ``__iter__`` (``planned``: drawn in the main process at ``set_epoch``, each worker
+    keeping its ``get_worker_info`` slice), or pre-sharded (rank r reads ids of its own), each
+    sample an id and its content (``augment``: drawn from a per-rank generator)."""
+
+    def __init__(
+        self, ctx: Ctx, seed: int, *, n: int = N_KEYED, planned: bool = False,
+        presharded: bool = False, augment: bool = False, whole: bool = False,
+    ) -> None:  # fmt: skip
+        self.n, self.seed, self.rank, self.world = n, seed, ctx.rank, ctx.world
+        if whole:  # every rank reads the whole stream (no split)
+            self.rank, self.world = 0, 1
+        self.planned, self.presharded, self.augment = planned, presharded, augment
+        self.order: list[int] = []
+        self.set_epoch(0)
+
+    def _share(self, epoch: int) -> list[int]:
+        if self.presharded:
+            per = self.n // self.world
+            return list(range(self.rank * per, (self.rank + 1) * per))
+        perm = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + epoch))
+        return [int(i) for i in perm[self.rank :: self.world].tolist()]
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        if self.planned:
+            self.order = self._share(epoch)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        ids = self.order if self.planned else self._share(self.epoch)
+        info = torch.utils.data.get_worker_info()
+        if info is not None:
+            ids = ids[info.id :: info.num_workers]
+        noise = (
+            torch.Generator().manual_seed(1000 + self.rank + self.epoch) if self.augment else None
+        )
+        for i in ids:
+            x = torch.full((2,), float(i)) if noise is None else torch.randn(2, generator=noise)
+            yield {"i": i, "id": i, "x": x}
+
+
+def _keyed(ctx: Ctx, ds: KeyedStream, *, workers: int = 0, batch: int = 4, **plan: Any) -> Plan:
+    def build() -> Any:
+        loader = DataLoader(ds, batch_size=batch, num_workers=workers)
+        if ctx.how == "block":  # under RNGAUDIT the environment's RNGAUDIT_SAMPLE_KEY keys it
+            import rngaudit
+
+            rngaudit.sample_key(loader, "id")
+        return loader
+
+    loader = ctx.audited(build)
+    plan.setdefault("step", _lockstep)
+    return Plan(loader, epochs=2, before_epoch=ds.set_epoch, **plan)
+
+
+def _lockstep(batch: Any) -> None:
+    """A training step's collective (DDP's gradient all-reduce): the ranks step together."""
+    dist.all_reduce(torch.zeros(1))
+
+
+def _keyed_seed(ctx: Ctx) -> int:
+    return 10 + int(ctx.rank == ctx.world - 1)
+
+
+def keyed_seed_per_rank(ctx: Ctx) -> Plan:
+    """perm[rank::world] of a permutation seeded per rank: the shares overlap."""
+    return _keyed(ctx, KeyedStream(ctx, _keyed_seed(ctx)))
+
+
+def keyed_workers_seed_per_rank(ctx: Ctx) -> Plan:
+    """The same drawn at set_epoch, two workers splitting each rank's share."""
+    return _keyed(ctx, KeyedStream(ctx, _keyed_seed(ctx), planned=True), workers=2)
+
+
+def keyed_shared_seed(ctx: Ctx) -> Plan:
+    """The twin: one seed on every rank, the shares a partition."""
+    return _keyed(ctx, KeyedStream(ctx, 10))
+
+
+def keyed_workers_shared_seed(ctx: Ctx) -> Plan:
+    return _keyed(ctx, KeyedStream(ctx, 10, planned=True), workers=2)
+
+
+def keyed_presharded(ctx: Ctx) -> Plan:
+    """Ranks read disjoint pre-sharded ids: intact."""
+    return _keyed(ctx, KeyedStream(ctx, 0, presharded=True))
+
+
+def keyed_per_rank_augment(ctx: Ctx) -> Plan:
+    """One shared permutation, each rank augmenting its samples from its own generator: the
+    content differs across ranks, the ids partition the stream: intact."""
+    return _keyed(ctx, KeyedStream(ctx, 10, augment=True))
+
+
+def keyed_one_rank_alone(ctx: Ctx) -> Plan:
+    """A keyed loader over the whole stream that only the last rank iterates (its evaluation):
+    never compared, never waited for."""
+    plan = _keyed(ctx, KeyedStream(ctx, 10, whole=True), step=None)
+    if ctx.rank != ctx.world - 1:
+        plan.loader = []
+    return plan
+
+
+def keyed_left_early(ctx: Ctx) -> Plan:
+    """Per-rank seeds, every epoch left early (a ``break`` after 40 samples of 400): what each
+    rank took of epoch 0 is compared when epoch 1 begins; the partial shares overlap."""
+    return _keyed(ctx, KeyedStream(ctx, _keyed_seed(ctx), n=400), batch=2, take=40)
+
+
+def keyed_ddp_no_split(ctx: Ctx) -> Plan:
+    """DDP, every rank reading the whole stream in one order (the stream never split by rank):
+    the ranks' first batches are the same samples, raised at the module's first training
+    forward, before the step."""
+    model = _ddp_model()
+    return _keyed(ctx, KeyedStream(ctx, 10, whole=True), step=_ddp_step(model), keep=model)
+
+
+def keyed_ddp_shared_seed(ctx: Ctx) -> Plan:
+    """The twin under DDP: one shared seed, perm[rank::world]: intact."""
+    model = _ddp_model()
+    return _keyed(ctx, KeyedStream(ctx, 10), step=_ddp_step(model), keep=model)
+
+
+KEYED = [
+    "keyed_seed_per_rank",
+    "keyed_workers_seed_per_rank",
+    "keyed_shared_seed",
+    "keyed_workers_shared_seed",
+    "keyed_presharded",
+    "keyed_per_rank_augment",
+    "keyed_left_early",
+    "keyed_ddp_no_split",
+    "keyed_ddp_shared_seed",
+    # last: under RNGAUDIT_SAMPLE_KEY loaders are matched in the order each rank first iterates
+    # them, and a loader one rank iterates alone moves that order on that rank
+    "keyed_one_rank_alone",
+]
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in [
@@ -1128,6 +1276,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("ds_drop_last", ds_drop_last, True),
         Scenario("ddp_big_root_no_sampler", ddp_big_root_no_sampler, True),
         Scenario("ddp_big_root_self_shard_twin", ddp_big_root_self_shard_twin, True),
+        *(Scenario(name, globals()[name], True) for name in KEYED),
         # the last loaders of the launch that rngaudit observes: what they leave pending is
         # compared when the process group is destroyed (a later observed epoch would compare
         # it earlier, at its first index batch)
@@ -1190,6 +1339,8 @@ def run_one(sc: Scenario, ctx: Ctx) -> dict[str, Any]:
                 if plan.step is not None:
                     plan.step(batch)
                     steps += 1
+                if plan.take is not None and len(items) >= plan.take:
+                    break  # the epoch left early
             out["epochs"].append(items)
             out["steps"].append(steps)
             if plan.after_epoch is not None:
