@@ -1,9 +1,10 @@
-"""The package's shape: short parameter lists, and the offline half apart from the engine."""
+"""The package's shape: short parameter lists, the offline half apart, no merge conflict left."""
 
 from __future__ import annotations
 
 import ast
 import importlib.resources
+import subprocess
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "rngaudit"
@@ -77,3 +78,26 @@ def test_no_module_name_is_the_start_of_another() -> None:
     }
     pairs = sorted((a, b) for a in names for b in names if a != b and b.startswith(a))
     assert not pairs, pairs
+
+
+_MARKERS = ("<" * 7 + " ", "=" * 7 + "\n", ">" * 7 + " ")
+
+
+def _text_files() -> list[Path]:
+    """The repository's tracked text files (git's list: the work tree's .venv is not walked)."""
+    root = PACKAGE.parent
+    listed = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=root, capture_output=True, text=True, check=True
+    ).stdout.split("\0")
+    kinds = (".py", ".md", ".toml", ".txt", ".cfg", ".html", ".css", ".json", "Makefile")
+    return [root / name for name in listed if name.endswith(kinds) and (root / name).is_file()]
+
+
+def test_no_file_holds_a_merge_conflict() -> None:
+    conflicted = []
+    for path in _text_files():
+        text = path.read_text(encoding="utf-8", errors="replace")
+        lines = text.splitlines(keepends=True)
+        if any(line.startswith(m) or line == m for line in lines for m in _MARKERS):
+            conflicted.append(str(path.relative_to(PACKAGE.parent)))
+    assert not conflicted, f"merge-conflict markers left in: {conflicted}"
