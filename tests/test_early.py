@@ -15,7 +15,7 @@ from ranks_in_process import Ranks
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from rngaudit.config import Settings
-from rngaudit.epochs import early, order_check, order_rules, partition
+from rngaudit.epochs import early, observed, order_check, order_rules, partition
 from rngaudit.epochs.order_check import Watch
 
 pytestmark = pytest.mark.timeout(60)
@@ -68,12 +68,15 @@ def _samples(summary: dict[str, Any]) -> set[int]:
     return {int(i) for i in np.flatnonzero(np.unpackbits(bits)[:N])}
 
 
-def _left_after(loader: DataLoader[int], taken: int) -> list[list[int]]:
+def _left_after(loader: DataLoader[int], taken: int) -> tuple[list[list[int]], bool]:
+    """The batches taken before a break, and whether their epoch was teed (audited)."""
     it = iter(loader)
     batches = [next(it).tolist() for _ in range(taken)]
-    del it  # a break: the iterator goes
+    tape = it.__dict__.get("_rngaudit_tape")
+    teed = tape is not None and tape.teed
+    del it, tape  # a break: the iterator goes
     gc.collect()
-    return batches
+    return batches, teed
 
 
 @pytest.mark.parametrize("workers", [0, 1])
@@ -87,10 +90,11 @@ def test_a_teed_epoch_left_early_is_folded_from_the_tees_buffer_without_a_draw(
     if workers:
         kw.update(prefetch_factor=2, multiprocessing_context="fork")
     plain_gen = torch.Generator().manual_seed(5)
-    plain = _left_after(DataLoader(Items(), batch_size=2, sampler=DrawEach(plain_gen), **kw), 3)
+    plain, _ = _left_after(DataLoader(Items(), batch_size=2, sampler=DrawEach(plain_gen), **kw), 3)
     _watch(guard)
     gen = torch.Generator().manual_seed(5)
-    audited = _left_after(DataLoader(Items(), batch_size=2, sampler=DrawEach(gen), **kw), 3)
+    audited, teed = _left_after(DataLoader(Items(), batch_size=2, sampler=DrawEach(gen), **kw), 3)
+    assert teed  # observed with no rngaudit frame per batch: the batches were in the tee
     assert audited == plain  # the auditor changes no batch
     assert torch.equal(gen.get_state(), plain_gen.get_state())  # nor draws one more
     [(epoch, summary)] = guard.left
@@ -110,6 +114,7 @@ def test_an_epoch_still_open_when_the_group_goes_is_folded_there(
     taken = [next(it).tolist() for _ in range(2)]
     state = gen.get_state().clone()
     [tape] = [t for t in guard.tapes if not t.closed]
+    assert tape.teed
     guard._left_early(tape)
     guard._left_early(tape)  # a second fold finds it closed
     assert torch.equal(gen.get_state(), state)
@@ -165,3 +170,33 @@ def test_ranks_that_left_at_different_batches_are_one_loader() -> None:
     assert order_check._one_loader(left, True) and not order_check._one_loader(left)
     other = {0: left[0], 1: _partial([2], 3, length=12, **same)}
     assert not order_check._one_loader(other, True)  # epochs of different lengths
+
+
+def test_a_persistent_iterators_epoch_left_early_is_published_at_its_next_epoch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Persistent workers: the iterator outlives the break, and the loader's next epoch resets
+    it. The epoch left is folded there (the batches drawn ahead by the prefetch left out),
+    published to the store and kept for a later comparison (rank 1 never began it: no wait)."""
+    ranks = Ranks(monkeypatch, 2)
+    guard = order_check.EpochGuard()
+    try:
+        _watch(guard)
+        gen = torch.Generator().manual_seed(9)
+        loader = DataLoader(
+            Items(), batch_size=2, sampler=DrawEach(gen), num_workers=1, prefetch_factor=2,
+            persistent_workers=True, multiprocessing_context="fork",
+        )  # fmt: skip
+        it = iter(loader)
+        taken = [next(it).tolist() for _ in range(3)]
+        first = next(iter(loader)).tolist()  # the next epoch: the same iterator, reset
+        [epoch] = guard.later
+        summary = ranks.get(f"{observed.PREFIX}/{epoch.key}/0/end/0")
+        assert summary["partial"] and summary["batches"] == 3 and summary["length"] == N // 2
+        assert _samples(summary) == {i for batch in taken for i in batch}
+        assert len(first) == 2 and not guard.left
+        del it
+    finally:
+        guard.everything = None
+        guard.uninstall()
+        guard.exit_patches.undo()
