@@ -17,6 +17,8 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from rngaudit.config import Settings
 from rngaudit.epochs import early, observed, order_check, order_rules, partition
 from rngaudit.epochs.order_check import Watch
+from rngaudit.errors import RNGDivergenceError
+from rngaudit.ranks import exchange
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -195,6 +197,58 @@ def test_a_persistent_iterators_epoch_left_early_is_published_at_its_next_epoch(
         assert summary["partial"] and summary["batches"] == 3 and summary["length"] == N // 2
         assert _samples(summary) == {i for batch in taken for i in batch}
         assert len(first) == 2 and not guard.left
+        del it
+    finally:
+        guard.everything = None
+        guard.uninstall()
+        guard.exit_patches.undo()
+
+
+class _Session:
+    """What a verdict is recorded in."""
+
+    def __init__(self) -> None:
+        self.checks: list[tuple[str, list[Any]]] = []
+
+    def add_check(self, label: str, found: list[Any]) -> None:
+        self.checks.append((label, found))
+
+
+def test_an_epoch_left_open_when_the_group_goes_raises_there_on_an_overlap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rank 0 holds its iterator after 2 batches; rank 1 took the same samples and closed. At
+    the group's end (settle, as destroy_process_group() runs it) rank 0 folds its open epoch,
+    publishes it and compares: after an epoch that partitioned, an error raised there."""
+    ranks = Ranks(monkeypatch, 2)
+    guard = order_check.EpochGuard()
+    session = _Session()
+    try:
+        guard.watch_all(Watch(Settings("raise", Path("r"), 5.0, False), session, True))
+        it = iter(DataLoader(Items(), batch_size=4, sampler=DrawEach(torch.Generator())))
+        taken = [next(it).tolist() for _ in range(2)]
+        [known] = list(guard.observed.values())
+        guard.partitioned.add(known.key)  # an earlier epoch partitioned the data
+        tape = partition.Tape([], N)
+        mine = {i for batch in taken for i in batch}
+        others = [i for i in range(N) if i not in mine][:4]
+        tape.take([taken[0], others])  # rank 1 was handed rank 0's first batch, and others
+        theirs = dict(tape.summary(), partial=True, length=N // 4, identity=known.identity,
+                      training=True, data_parallel=None)  # fmt: skip
+        assert not guard.later and not guard.left
+        with ranks.playing(1):
+            ranks.store.set(f"{observed.PREFIX}/{known.key}/iterated/1", b"1")
+            ranks.store.set(f"{observed.PREFIX}/{known.key}/0/end/1", exchange.encode(theirs))
+        with pytest.raises(RNGDivergenceError) as raised:
+            guard.settle()
+        shared = len(set(taken[0]))
+        assert (
+            f"was left early: rank 0 after 2 of 10 batches, rank 1 after 2: by then {shared} of "
+            f"{N} samples had gone to more than one rank"
+        ) in str(raised.value)
+        assert [label for label, _ in session.checks] == [
+            f"observed partition of epoch 0 of {known.label} (BatchSampler > DrawEach)"
+        ]
         del it
     finally:
         guard.everything = None
