@@ -264,7 +264,7 @@ def planned_overlap(
             continue
         if not beyond_padding(seen, world):
             continue  # measured intact: the ranks order shares that still partition the data
-        never: int | None = int(seen.get("never_estimate", seen["root_size"] - seen["union"]))
+        never = int(seen.get("never_estimate", seen["root_size"] - seen["union"]))
         f.severity = "error"
         f.message += (
             f"\nMeasured before the first batch, from the epoch each rank's sampler returned: "
@@ -510,7 +510,7 @@ def partition_overlap(
     seen = partition.overlap(summaries)
     if seen is None or not beyond_padding(seen, world):
         return None
-    never: int | None = int(seen.get("never_estimate", seen["root_size"] - seen["union"]))
+    never = int(seen.get("never_estimate", seen["root_size"] - seen["union"]))
     counts = ", ".join(f"rank {r}: {n}" for r, n in sorted(seen["per_rank"].items()))
     message = (
         f"In epoch {epoch} of {loader} ({chain}) the ranks were handed overlapping samples: "
