@@ -364,21 +364,112 @@ def test_an_epoch_published_before_the_others_is_compared_when_the_group_goes(
     assert none == {"raised": None, "warnings": [], "log": []}
 
 
-def test_a_rank_that_left_its_epoch_early_is_named_when_the_group_goes(
+def test_a_rank_that_left_its_epoch_early_is_compared_when_the_group_goes(
     runs: dict[str, Any],
 ) -> None:
     """Rank 1 took two batches of its share and left (a break); rank 0 drew all of its own:
-    nothing is compared (no error, no overlap claimed), and rank 0 names rank 1."""
+    what rank 1 took is compared with rank 0's epoch when the group goes (disjoint shares of
+    one permutation, measured: nothing said, nobody named)."""
     plain = [runs["none"][r]["unsynced_left_early"]["epochs"][0] for r in range(2)]
     assert len(plain[0]) == 22 and len(plain[1]) == 8  # the truth: rank 1 left after 2 of 6
+    assert not set(plain[0]) & set(plain[1])
     for how in HOWS:
         for rank in range(NPROC):
             res = runs[how][rank]["unsynced_left_early"]
             assert not res["raised"] and res["epochs"][0] == plain[rank], res
-        at_exit = json.loads((runs[how + "_dir"] / "exit-rank0.json").read_text())
-        named = [line for line in at_exit["log"] if "was not compared" in line]
-        assert len(named) == 1 and "rank 1 did not publish it" in named[0], at_exit
-        assert not [w for w in at_exit["warnings"] if " of 44 samples " in w]
+            at_exit = json.loads((runs[how + "_dir"] / f"exit-rank{rank}.json").read_text())
+            assert at_exit["raised"] is None, at_exit
+            assert not [line for line in at_exit["log"] if "was not compared" in line], at_exit
+            assert not [w for w in at_exit["warnings"] if " of 44 samples " in w]
+
+
+# Every rank leaves each epoch after a few batches: scenario -> an error (True) or clean. The
+# truth is what each rank trained on before it left, measured without rngaudit.
+LEFT_EARLY = {
+    "ddp_lazy_self_shard_left_early": True,
+    "ddp_lazy_self_shard_left_early_twin": False,
+    "left_early_at_different_batches": False,
+    "rank0_alone_left_early": False,
+}
+LEFT_LENGTH = {  # the index batches of one rank's whole epoch, and of the root
+    "ddp_lazy_self_shard_left_early": (6, 48),
+    "ddp_lazy_self_shard_left_early_twin": (6, 48),
+    "left_early_at_different_batches": (7, 50),
+    "rank0_alone_left_early": (5, 36),
+    "left_early_last_epoch_per_rank_seed": (7, 52),
+}
+
+
+def _left_shared(runs: dict[str, Any], scenario: str, epoch: int) -> int:
+    plain = [set(runs["none"][r][scenario]["epochs"][epoch]) for r in range(NPROC)]
+    return len(plain[0] & plain[1])
+
+
+@pytest.mark.parametrize("scenario", list(LEFT_LENGTH))
+def test_an_epoch_left_early_is_what_it_claims(runs: dict[str, Any], scenario: str) -> None:
+    """Unaudited: every rank that iterates leaves each epoch before its end, and the ranks'
+    partial shares overlap beyond padding exactly where an error is claimed."""
+    length, _ = LEFT_LENGTH[scenario]
+    for rank in range(NPROC):
+        for items in runs["none"][rank][scenario]["epochs"]:
+            assert len(items) < 4 * length  # batches of 4: the epoch was left early
+    overlaps = [_left_shared(runs, scenario, e) for e in range(2 if scenario in LEFT_EARLY else 1)]
+    if LEFT_EARLY.get(scenario, True):
+        assert overlaps[0] > NPROC - 1, overlaps  # more than padding, in the first epoch
+    else:
+        assert overlaps == [0] * len(overlaps), overlaps
+
+
+@pytest.mark.parametrize("how", HOWS)
+@pytest.mark.parametrize("scenario", list(LEFT_EARLY))
+def test_an_epoch_left_early_is_compared_as_measured(
+    runs: dict[str, Any], how: str, scenario: str
+) -> None:
+    """Under DDP, an overlap of what the ranks took before they left is an error, raised at the
+    loader's next epoch (before its first batch) with the overlap measured unaudited; the
+    twins stay clean, and the ranks train the batches they train unaudited."""
+    length, size = LEFT_LENGTH[scenario]
+    for rank in range(NPROC):
+        res = runs[how][rank][scenario]
+        plain = runs["none"][rank][scenario]["epochs"]
+        assert "crashed" not in res, res.get("crashed")
+        assert res["epochs"] == plain[: len(res["epochs"])], (scenario, rank)
+        if not LEFT_EARLY[scenario]:
+            assert not res["raised"], f"rank {rank}: {res.get('message')}"
+            assert len(res["epochs"]) == len(plain)
+            continue
+        assert res["raised"] and res["error_type"] == "RNGDivergenceError", res
+        assert res["raised_at"] == "epoch 1" and res["items_at_raise"] == 0, res
+        assert "partition-overlap" in res["kinds"]
+        taken = [len(runs["none"][r][scenario]["epochs"][0]) // 4 for r in range(NPROC)]
+        assert (
+            f"(BatchSampler > LazyRankShardSampler, sharded by no DistributedSampler) was left "
+            f"early: rank 0 after {taken[0]} of {length} batches, rank 1 after {taken[1]}: by "
+            f"then {_left_shared(runs, scenario, 0)} of {size} samples had gone to more than "
+            "one rank"
+        ) in res["message"], res["message"]
+        assert res["message"].split("] ", 1)[1].startswith("Epoch 0 of ")
+        assert "to none" not in res["message"]
+
+
+def test_an_epoch_every_rank_left_is_compared_when_the_group_goes(runs: dict[str, Any]) -> None:
+    """The launch's last epoch of a loader, left early by every rank, is compared when the
+    process group is destroyed, with the overlap measured unaudited (a warning: no
+    data-parallel module); nothing raises there. A loader rank 0 alone iterated and left is
+    never compared, nor waited for."""
+    scenario = "left_early_last_epoch_per_rank_seed"
+    shared = _left_shared(runs, scenario, 0)
+    said = f"rank 0 after 3 of 7 batches, rank 1 after 3: by then {shared} of 52 samples"
+    for how in HOWS:
+        for rank in range(NPROC):
+            at_exit = json.loads((runs[how + "_dir"] / f"exit-rank{rank}.json").read_text())
+            assert at_exit["raised"] is None, at_exit
+            warned = [w for w in at_exit["warnings"] if " of 52 samples " in w]
+            assert len(warned) == 1 and said in warned[0], at_exit
+            assert not [w for w in at_exit["warnings"] if " of 36 samples " in w]
+            assert not [line for line in at_exit["log"] if "was not compared" in line]
+            waited = runs[how][rank]["rank0_alone_left_early"]["waited"]
+            assert not waited, waited
 
 
 @pytest.mark.parametrize("how", HOWS)

@@ -34,6 +34,7 @@ from rngaudit.capture.recorder import RECORDER
 from rngaudit.config import Settings
 from rngaudit.epochs import (
     ahead,
+    early,
     first_step,
     keyed,
     observed,
@@ -70,6 +71,7 @@ class _Observed:
     identity: str
     epochs: int = 0
     scanned: bool = False  # the heap searched once for data-parallel modules
+    open: Any = None  # weakref.ref to the tape of its latest epoch on this rank
 
 
 @dataclass
@@ -175,6 +177,8 @@ class EpochGuard:
         self.observed: weakref.WeakKeyDictionary[Any, _Observed] = weakref.WeakKeyDictionary()
         self._occurrences: dict[str, int] = {}
         self.later: list[observed.Epoch] = []  # published epochs not compared yet
+        # observed epochs this rank left early, folded, not published yet (early.fold)
+        self.left: list[tuple[observed.Epoch, dict[str, Any]]] = []
         self.partitioned: set[str] = set()  # loaders an epoch of which partitioned the data
         # iterable-style loaders keyed by a sample key (index sampler -> it; None: not keyed)
         self.keyed: weakref.WeakKeyDictionary[Any, _KeyedLoader | None] = (
@@ -331,8 +335,15 @@ class EpochGuard:
         other ranks to publish or close the epochs still pending here, and judge those every
         rank published; those some rank did not are named in a warning (not compared)."""
         self._publish_open()
+        for tape in list(self.tapes):  # epochs still open here: left early, published now
+            if tape.context[1] is None and not tape.closed:
+                self._left_early(tape)
         with self._lock:
-            waiting, self.later = self.later, []
+            left, self.left = self.left, []
+        for epoch, summary in left:
+            early.publish(epoch, summary)  # before this rank closes the loader
+        with self._lock:
+            waiting, self.later = [*self.later, *(e for e, _ in left)], []
             keys = sorted(self._observed_keys)
         if not keys and not waiting:
             return
@@ -351,8 +362,8 @@ class EpochGuard:
             elif missing:
                 log.warning(
                     "rngaudit: epoch %d of %s was not compared: %s did not publish it before "
-                    "the process group was destroyed (an epoch left early, or a rank still "
-                    "iterating)",
+                    "the process group was destroyed (a rank still iterating, or one that "
+                    "never began it)",
                     epoch.epoch,
                     epoch.label,
                     ranks_phrase(missing),
@@ -512,6 +523,7 @@ class EpochGuard:
             state.pop("_rngaudit_planned", None)
             source = state.get("_sampler_iter")  # before a tee replaces it
             with RECORDER.paused():
+                self._left_before(instance)
                 if self.later:
                     self._compare_later()
                 tape = state["_rngaudit_tape"] = self._open_tape(instance)
@@ -548,6 +560,8 @@ class EpochGuard:
             if not (isinstance(source, types.GeneratorType) or builtin):
                 return
             first, second = itertools.tee(source)
+            if isinstance(tape.left, early.Left):
+                tape.left.second = second
             tape.teed = True
             segments = self._segments(first, second, tape)
             state["_sampler_iter"] = itertools.chain.from_iterable(segments)
@@ -561,7 +575,7 @@ class EpochGuard:
         a generator or a builtin iterator: exhausted, it stays so)."""
         fold = partition.FOLD
         while True:
-            yield itertools.islice(first, fold)
+            yield early.segment(first, fold, tape)
             with RECORDER.paused():
                 batches = list(itertools.islice(second, fold))
                 tape.take(batches)
@@ -687,6 +701,11 @@ class EpochGuard:
         torch = sys.modules.get("torch")
         training = bool(torch.is_grad_enabled()) if torch is not None else False
         tape = partition.Tape(mapping[0], mapping[1], (watch, None, epoch, known, training))
+        tape.left = early.Left(
+            early.ahead(iterator), peek.size(peek.attr(iterator, "_index_sampler"))
+        )
+        known.open = weakref.ref(tape)
+        early.watch(iterator, tape, self._left_early)  # a break: the iterator goes first
         with self._lock:
             self.tapes.add(tape)
         weakref.finalize(tape, self._dropped)
@@ -774,6 +793,7 @@ class EpochGuard:
     def _observed_end(self, tape: partition.Tape) -> None:
         """Publish what this rank took in an observed epoch; compare when every rank has."""
         _, _, epoch, known, training = tape.context
+        early.done(tape)
         try:
             groups = observed.data_parallel_groups(scan=not known.scanned)
             known.scanned = True
@@ -792,6 +812,60 @@ class EpochGuard:
             self._later(epoch)
             return
         self._judge(epoch, got)
+
+    def _left_early(self, tape: partition.Tape) -> None:
+        """This rank left ``tape``'s observed epoch before its end (its iterator went, the
+        loader began a new epoch, or the process group goes): what it was handed is kept to be
+        published (:func:`~rngaudit.epochs.early.fold`). Takes no lock (a finalizer may run it
+        anywhere); never raises."""
+        try:
+            _, _, epoch, known, training = tape.context
+            folded = early.fold(tape)
+            if folded is None:
+                return
+            groups = observed.data_parallel_groups(scan=False)
+            summary = dict(folded, identity=known.identity, training=training,
+                           data_parallel=groups)  # fmt: skip
+            summary.update(first_step.fields(tape))
+            self.left.append((epoch, summary))
+            del self.left[: -observed.MAX_PENDING]
+        except Exception:
+            log.debug("rngaudit: could not keep an epoch left early", exc_info=True)
+
+    def _left_before(self, iterator: Any) -> None:
+        """A new epoch of an observed loader whose previous epoch this rank left early (a
+        ``break``, then a new ``for``): what the rank took of it is published and compared now,
+        as at an epoch's end (:func:`~rngaudit.epochs.observed.finish`); raises as the verdict
+        says."""
+        try:
+            nodes = sharding.chain(peek.attr(iterator, "_index_sampler"))
+            known = self.observed.get(nodes[0]) if nodes else None
+            if known is None:
+                return
+            tape = known.open() if known.open is not None else None
+            if tape is not None and not tape.closed:
+                self._left_early(tape)
+            mine = [item for item in list(self.left) if item[0].key == known.key]
+            for item in mine:  # in place: a finalizer may append meanwhile
+                with contextlib.suppress(ValueError):
+                    self.left.remove(item)
+        except Exception:
+            log.debug("rngaudit: could not look for an epoch left early", exc_info=True)
+            return
+        for epoch, summary in mine:
+            try:
+                got = observed.finish(epoch, summary)
+            except Exception:
+                log.warning(
+                    "rngaudit: could not publish the loader's observed epoch", exc_info=True
+                )
+                continue
+            if got is None:
+                with self._lock:
+                    self.later.append(epoch)
+                    del self.later[: -observed.MAX_PENDING]
+            else:
+                self._judge(epoch, got)
 
     def _compare_later(self) -> None:
         """The published epochs every rank has published since: compared now, oldest first."""
@@ -824,7 +898,11 @@ class EpochGuard:
             summaries = {int(r["rank"]): r for r in published}
             if (epoch.key, epoch.epoch) in first_step.DECIDED:
                 return  # judged, with a finding, before its first training step
-            if not _one_loader(summaries):
+            left = any(s.get("partial") for s in summaries.values())
+            if not _one_loader(summaries, left):
+                if left:
+                    log.info("rngaudit: epoch %d of %s was left early and not compared (what "
+                             "a rank took is unknown)", epoch.epoch, epoch.label)  # fmt: skip
                 return
             unlike = order_rules.unlike_content(summaries)
             # a data-parallel signal only when every rank published one; the overlap is then
@@ -833,8 +911,9 @@ class EpochGuard:
             finding, exact = order_rules.observed_overlap(
                 summaries, epoch.label, epoch.chain, epoch.epoch,
                 epoch.key in self.partitioned, data_parallel,
+                left=early.phrase(summaries) if left else None,
             )  # fmt: skip
-            if exact:
+            if exact and not left:  # a partial epoch is no evidence that the loader partitions
                 self.partitioned.add(epoch.key)
             if finding is not None and unlike:
                 finding = order_rules.content_differs(finding)
@@ -1484,15 +1563,22 @@ def _arm_modules() -> None:
             first_step.noted(module)
 
 
-def _one_loader(summaries: dict[int, dict[str, Any]]) -> bool:
+def _one_loader(summaries: dict[int, dict[str, Any]], left: bool = False) -> bool:
     """Whether the ranks' published epochs are one loader's: the same root dataset (identity
-    and size), as many index batches on every rank (a data-parallel loop steps together)."""
+    and size), as many index batches on every rank (a data-parallel loop steps together);
+    ``left``: an epoch some rank left early, whose length, where every rank knows it, is the
+    same on every rank."""
     if len(summaries) < 2 or not all(s.get("known") for s in summaries.values()):
         return False
-    return all(
-        len({str(s.get(k)) for s in summaries.values()}) == 1
-        for k in ("identity", "root_size", "batches")
+    same = all(
+        len({str(s.get(k)) for s in summaries.values()}) == 1 for k in ("identity", "root_size")
     )
+    if not left:
+        return same and len({str(s.get("batches")) for s in summaries.values()}) == 1
+    lengths = {
+        s.get("length") if s.get("partial") else s.get("batches") for s in summaries.values()
+    }
+    return same and (None in lengths or len(lengths) == 1)
 
 
 def _loader_label(part: Any) -> str | None:

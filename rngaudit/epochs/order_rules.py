@@ -554,6 +554,7 @@ def observed_overlap(
     partitioned_before: bool,
     data_parallel: bool,
     ahead: bool = False,
+    left: str | None = None,
 ) -> tuple[Finding | None, bool]:
     """The verdict on one epoch of a loader no known class shards, from what each rank was
     handed, and whether this epoch partitioned the data exactly (evidence for later epochs).
@@ -564,6 +565,9 @@ def observed_overlap(
     partial overlap is a warning and ranks handed identical samples (a tensor-parallel group,
     a replicated evaluation) are nothing at all. ``ahead``: the summaries are the epochs the
     ranks' samplers held at their first training step (read ahead), said so in the message.
+    ``left``: some rank left the epoch early (how far each rank got, in words): the overlap is
+    of what the ranks took until then, never evidence of a partition, and nothing is said of
+    samples no rank took (the epoch did not finish).
     """
     world = len(summaries)
     seen = partition.overlap(summaries)
@@ -572,7 +576,8 @@ def observed_overlap(
     estimated = bool(seen.get("estimated"))
     if int(seen.get("shared_proven", seen["shared"])) <= world - 1:
         # a partition when the ranks covered (nearly) all of it, known exactly (a bitmap)
-        return None, not estimated and seen["union"] * 10 >= seen["root_size"] * 9
+        exact = not estimated and seen["union"] * 10 >= seen["root_size"] * 9
+        return None, exact and left is None
     if max(seen["repeats"].values()) > world - 1:
         return None, False  # sampling with replacement: ranks may overlap by design
     identical = bool(seen.get("identical"))
@@ -583,7 +588,7 @@ def observed_overlap(
         severity = "warning"
     else:
         severity = "error"
-    never = int(seen.get("never_estimate", seen["root_size"] - seen["union"]))
+    never: int | None = int(seen.get("never_estimate", seen["root_size"] - seen["union"]))
     counts = ", ".join(f"rank {r}: {n}" for r, n in sorted(seen["per_rank"].items()))
     where = f"epoch {epoch} of {loader} ({chain}, sharded by no DistributedSampler)"
     seen_how = "observed from the index batches each rank drew"
@@ -592,7 +597,25 @@ def observed_overlap(
             "read before the first training step of the epoch, from the whole epoch each "
             "rank's sampler held (no draw)"
         )
-    if identical:
+    if left is not None:  # what the ranks took until they left: no sample "went to none"
+        never = None
+        seen_how = "observed from the index batches each rank drew before it left the epoch"
+        start = f"Epoch {epoch} of {loader} ({chain}, sharded by no DistributedSampler)"
+        if identical:
+            lines = [
+                f"{start} was left early: {left}: by then every rank had been handed the same "
+                f"{_union(seen)} samples of {seen['root_size']}: the data-parallel ranks "
+                f"trained on identical batches, a {world}-fold duplication ({seen_how}, while "
+                f"a DistributedDataParallel / FSDP module trained){_estimated(seen)}."
+            ]
+        else:
+            lines = [
+                f"{start} was left early: {left}: by then {_shared(seen)} of "
+                f"{seen['root_size']} samples had gone to more than one rank ({counts} "
+                f"distinct samples each): they were trained on twice ({seen_how})"
+                f"{_estimated(seen)}."
+            ]
+    elif identical:
         lines = [
             f"In {where} every rank was handed the same "
             f"{_union(seen)} samples of "
@@ -608,6 +631,7 @@ def observed_overlap(
             "different order: this epoch duplicated some samples and dropped others "
             f"({seen_how}){_estimated(seen)}."
         ]
+    if not identical:
         if partitioned_before:
             lines.append(
                 "An earlier epoch of this loader partitioned the data exactly: the order it "
@@ -635,6 +659,7 @@ def observed_overlap(
             "root_size": seen["root_size"],
             "identical": identical,
             "per_rank": {str(r): n for r, n in seen["per_rank"].items()},
+            **({"left_early": left} if left is not None else {}),
         },
     )
     return finding, False

@@ -211,6 +211,7 @@ class Tape:
         self.known = True
         self.closed = False
         self.teed = False  # its batches come in segments (take), not one by one (add)
+        self.left: Any = None  # an observed epoch's early.Left: read if the rank leaves it early
 
     def abandon(self) -> None:
         """Observe no more, compare nothing: another check already decided this epoch."""

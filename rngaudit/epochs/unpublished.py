@@ -6,8 +6,9 @@ last such epoch has none. When the process group is destroyed (or the process en
 alive) every rank marks its observed loaders closed (it will publish no more), then waits, at
 most ``WAIT`` seconds in all, until every rank of each pending epoch has published it or
 closed; what all published is compared, and the ranks that did neither, or closed without
-publishing (an epoch left early), are named. A loader some rank never iterated is skipped
-(a rank-only loader: never compared, never waited for).
+publishing, are named (an epoch a rank left early it publishes, partial, before it closes:
+:mod:`~rngaudit.epochs.early`). A loader some rank never iterated is skipped (a rank-only
+loader: never compared, never waited for).
 """
 
 from __future__ import annotations

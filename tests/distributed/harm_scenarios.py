@@ -1006,6 +1006,72 @@ def ddp_big_root_self_shard_twin(ctx: Ctx) -> Plan:
     return Plan(loader, step=_ddp_step(model), keep=model)
 
 
+# --------------------------------------------------------------------------- issue 21 (left early)
+# Every rank leaves each epoch after a few batches (a break, max_steps): the epoch is never
+# drawn to its end, and what the ranks took until then is compared (at the loader's next
+# epoch, or when the process group goes).
+N_LEFT = 48  # the DDP pair's root size (each scenario below has its own)
+LEFT_AFTER = 3  # batches of 4 each rank takes of every epoch of 6 before it leaves
+
+
+def _ddp_lazy_left_early(ctx: Ctx, seed: int) -> Plan:
+    model = _ddp_model()
+    seed_all(seed)
+    sampler = LazyRankShardSampler(N_LEFT, ctx.rank, ctx.world)
+    loader = ctx.audited(lambda: DataLoader(Items(N_LEFT), batch_size=4, sampler=sampler))
+    taken = _FirstBatches(loader, LEFT_AFTER)
+    return Plan(taken, epochs=2, step=_ddp_step(model), keep=model)
+
+
+def ddp_lazy_self_shard_left_early(ctx: Ctx) -> Plan:
+    """DDP, a lazily yielding sampler that shards a permutation of the global generator,
+    per-rank seeds, every rank leaving each epoch after 3 of its 6 batches: its epoch cannot be
+    read ahead, and the first batches need not overlap; what the ranks took until they left
+    does (measured)."""
+    return _ddp_lazy_left_early(ctx, 13 + ctx.rank)
+
+
+def ddp_lazy_self_shard_left_early_twin(ctx: Ctx) -> Plan:
+    """The twin: the same loop, every rank seeded alike: disjoint shares, left early."""
+    return _ddp_lazy_left_early(ctx, 42)
+
+
+N_LEFT_APART = 50
+
+
+def left_early_at_different_batches(ctx: Ctx) -> Plan:
+    """No DDP, a sampler sharding a permutation of a generator seeded alike: rank r leaves
+    each epoch after 2 + r batches (disjoint shares, taken unevenly): intact."""
+    sampler = RankShardSampler(N_LEFT_APART, ctx.rank, ctx.world, torch.Generator().manual_seed(3))
+    loader = ctx.audited(lambda: DataLoader(Items(N_LEFT_APART), batch_size=4, sampler=sampler))
+    return Plan(_FirstBatches(loader, 2 + ctx.rank), epochs=2)
+
+
+N_LEFT_ALONE = 36
+
+
+def rank0_alone_left_early(ctx: Ctx) -> Plan:
+    """A loader rank 0 alone iterates (per-rank seeds), leaving each epoch after 2 batches:
+    never compared, never waited for."""
+    seed_all(200 + ctx.rank)
+    sampler = RankShardSampler(N_LEFT_ALONE, ctx.rank, ctx.world)
+    loader = ctx.audited(lambda: DataLoader(Items(N_LEFT_ALONE), batch_size=4, sampler=sampler))
+    return Plan(_FirstBatches(loader, 2) if ctx.rank == 0 else [], epochs=2)
+
+
+N_LEFT_LAST = 52
+
+
+def left_early_last_epoch_per_rank_seed(ctx: Ctx) -> Plan:
+    """No DDP, a lazily yielding self-sharding sampler, per-rank seeds, one epoch every rank
+    leaves after 3 batches: nothing compares it before the process group is destroyed, where
+    the overlap of what the ranks took is said (a warning: no data-parallel module)."""
+    seed_all(300 + ctx.rank)
+    sampler = LazyRankShardSampler(N_LEFT_LAST, ctx.rank, ctx.world)
+    loader = ctx.audited(lambda: DataLoader(Items(N_LEFT_LAST), batch_size=4, sampler=sampler))
+    return Plan(_FirstBatches(loader, LEFT_AFTER))
+
+
 # --------------------------------------------------------------------------- issue 21 (at exit)
 N_LATE = 40  # its own root size: its loader's label names only this scenario's
 
@@ -1277,6 +1343,11 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("ddp_big_root_no_sampler", ddp_big_root_no_sampler, True),
         Scenario("ddp_big_root_self_shard_twin", ddp_big_root_self_shard_twin, True),
         *(Scenario(name, globals()[name], True) for name in KEYED),
+        Scenario("ddp_lazy_self_shard_left_early", ddp_lazy_self_shard_left_early, True),
+        Scenario("ddp_lazy_self_shard_left_early_twin", ddp_lazy_self_shard_left_early_twin, True),
+        Scenario("left_early_at_different_batches", left_early_at_different_batches, True),
+        Scenario("rank0_alone_left_early", rank0_alone_left_early, True),
+        Scenario("left_early_last_epoch_per_rank_seed", left_early_last_epoch_per_rank_seed, True),
         # the last loaders of the launch that rngaudit observes: what they leave pending is
         # compared when the process group is destroyed (a later observed epoch would compare
         # it earlier, at its first index batch)
