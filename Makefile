@@ -30,17 +30,20 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy --strict --python-version 3.10 rngaudit
 
 # Branch coverage of rngaudit, subprocesses included (torchrun ranks, spawned DataLoader workers,
-# the RNGAUDIT start-up hook): [tool.coverage.run] patch = ["subprocess"] in pyproject.toml.
+# the RNGAUDIT start-up hook, the xdist workers): [tool.coverage.run] patch = ["subprocess"] in
+# pyproject.toml. Two pytest-xdist workers, each test file kept on one (--dist loadfile: a file's
+# shared torchrun launches run once): the launches alone left a core idle much of the time
+# (a clean clone, 2026-12-02: the suite 10 min 59 s in one process, 9 min 42 s in two).
+WORKERS ?= 2
 unit: $(STAMP)
 	$(PY) -m compileall -q rngaudit
 	rm -f .coverage .coverage.*
-	$(VENV)/bin/coverage run -m pytest -q -p no:cacheprovider
+	$(VENV)/bin/coverage run -m pytest -q -p no:cacheprovider -n $(WORKERS) --dist loadfile
 	$(VENV)/bin/coverage combine -q
 	$(VENV)/bin/coverage report
 
-# lint and typecheck (one core, ~1 min on a clean clone) run beside the suite, whose torchrun
-# launches leave a core idle much of the time (a clean clone: 9 min 49 s / 11 min 6 s, 11 min
-# 27 s in sequence). Output is not synchronised, so the suite's progress shows as it runs.
+# lint and typecheck (one core, ~1 min on a clean clone) run beside the suite. Output is not
+# synchronised, so the suite's progress shows as it runs.
 test: $(STAMP)
 	$(MAKE) --no-print-directory -j3 lint typecheck unit
 
