@@ -157,3 +157,27 @@ def test_data_parallel_groups_are_the_modules_noted_or_found_once_on_the_heap(
         observed.installed(torch_loaded=False)  # torch was not imported: none can exist
         assert observed.data_parallel_groups(scan=True) is None  # so the heap is not searched
         assert id(unnoted) not in observed._FOUND
+
+
+class Disguised:
+    """A user's object whose ``__class__`` is a property (``isinstance`` would call it)."""
+
+    reads = 0
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        Disguised.reads += 1
+        raise RuntimeError("__class__ of a user's object")
+
+
+def test_the_heap_search_reads_each_objects_type_never_its_class_attribute(
+    tmp_path: Path,
+) -> None:
+    Disguised.reads = 0
+    keep = Disguised()
+    with world_of_one(tmp_path):
+        module = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+        observed.installed(torch_loaded=True)
+        assert observed.data_parallel_groups(scan=True) == [[0]]
+        del module
+    assert Disguised.reads == 0 and keep is not None

@@ -215,7 +215,9 @@ def data_parallel_groups(scan: bool) -> list[list[int]] | None:
     groups: list[list[int]] = []
     try:
         for obj in gc.get_objects():
-            if isinstance(obj, kinds):
+            # by the type, never the object's ``__class__`` (a property on some objects: user
+            # code; torch's deprecated ``reduce_op`` warned from it)
+            if issubclass(type(obj), kinds):
                 note_module(obj)
                 ranks = _group_ranks(obj)
                 if ranks not in groups:
