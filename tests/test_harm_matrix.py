@@ -47,6 +47,7 @@ MUST_RAISE = {  # scenario -> first corrupted epoch
     "self_sharding_lazy_rank0_eval": 1,
     "ddp_shuffled_no_sampler": 0,
     "ddp_big_root_no_sampler": 0,
+    "ddp_shuffled_no_sampler_workers": 0,
 }
 # Found by the observed partition when every rank has drawn the epoch's last index batch.
 AT_EPOCH_END = {
@@ -61,6 +62,7 @@ AT_FIRST_STEP = {
     "ddp_shuffled_no_sampler",
     "self_sharding_lazy_rank0_eval",  # by its first batches: the rest is not readable ahead
     "ddp_big_root_no_sampler",  # a root over 2M samples: the sketch
+    "ddp_shuffled_no_sampler_workers",  # two DataLoader workers: the same meeting point
 }
 MUST_STAY_CLEAN = [
     "ds_shared_seed_per_rank_global",

@@ -813,10 +813,12 @@ def odd_self_sharding_reseeded_after_block(ctx: Ctx) -> Plan:
     return _self_sharding_reseeded(ctx, _odd_seed(ctx, True), N_ODD)
 
 
-def _no_sampler(ctx: Ctx, ddp: bool, n: int = N) -> Plan:
+def _no_sampler(ctx: Ctx, ddp: bool, n: int = N, workers: int = 0) -> Plan:
     seed_all(0)  # identical on every rank
     model = _ddp_model() if ddp else torch.nn.Linear(1, 1)
-    loader = ctx.audited(lambda: DataLoader(Items(n), batch_size=4, shuffle=True))
+    loader = ctx.audited(
+        lambda: DataLoader(Items(n), batch_size=4, shuffle=True, num_workers=workers)
+    )
     return Plan(loader, epochs=2, step=_ddp_step(model), keep=model)
 
 
@@ -824,6 +826,12 @@ def ddp_shuffled_no_sampler(ctx: Ctx) -> Plan:
     """DDP, a shuffled DataLoader with no DistributedSampler, identically seeded ranks: every
     rank trains the whole dataset each epoch (world-size-fold duplication)."""
     return _no_sampler(ctx, True)
+
+
+def ddp_shuffled_no_sampler_workers(ctx: Ctx) -> Plan:
+    """The same with two DataLoader workers (forked): the index batches are still drawn in the
+    main process, and the first-step comparison still meets at the DDP module's forward."""
+    return _no_sampler(ctx, True, workers=2)
 
 
 class RankPart(Dataset[int]):
@@ -1341,6 +1349,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("ds_padding", ds_padding, True),
         Scenario("ds_drop_last", ds_drop_last, True),
         Scenario("ddp_big_root_no_sampler", ddp_big_root_no_sampler, True),
+        Scenario("ddp_shuffled_no_sampler_workers", ddp_shuffled_no_sampler_workers, True),
         Scenario("ddp_big_root_self_shard_twin", ddp_big_root_self_shard_twin, True),
         *(Scenario(name, globals()[name], True) for name in KEYED),
         Scenario("ddp_lazy_self_shard_left_early", ddp_lazy_self_shard_left_early, True),
