@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import datetime
 import faulthandler
+import gc
 import json
 import os
 import random
@@ -828,6 +829,17 @@ def ddp_shuffled_no_sampler(ctx: Ctx) -> Plan:
     return _no_sampler(ctx, True)
 
 
+def ddp_compiled_no_sampler(ctx: Ctx) -> Plan:
+    """The same, the DDP module called through ``torch.compile`` (the eager backend: no C++
+    compiler needed): the first-step comparison's pre-hook sits on the DDP module inside."""
+    plan = _no_sampler(ctx, True)
+    compiled = torch.compile(plan.keep, backend="eager")
+    return Plan(plan.loader, epochs=2, step=_ddp_step(compiled), keep=plan.keep)
+
+
+COMPILED = {"ddp_compiled_no_sampler"}  # scenarios whose compiled code is dropped after them
+
+
 def ddp_shuffled_no_sampler_workers(ctx: Ctx) -> Plan:
     """The same with two DataLoader workers (forked): the index batches are still drawn in the
     main process, and the first-step comparison still meets at the DDP module's forward."""
@@ -1350,6 +1362,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("ds_drop_last", ds_drop_last, True),
         Scenario("ddp_big_root_no_sampler", ddp_big_root_no_sampler, True),
         Scenario("ddp_shuffled_no_sampler_workers", ddp_shuffled_no_sampler_workers, True),
+        Scenario("ddp_compiled_no_sampler", ddp_compiled_no_sampler, True),
         Scenario("ddp_big_root_self_shard_twin", ddp_big_root_self_shard_twin, True),
         *(Scenario(name, globals()[name], True) for name in KEYED),
         Scenario("ddp_lazy_self_shard_left_early", ddp_lazy_self_shard_left_early, True),
@@ -1477,6 +1490,9 @@ def main(argv: list[str] | None = None) -> int:
                 traceback.print_exc()
                 results[name] = {"crashed": traceback.format_exc()}
                 status = 1
+            if name in COMPILED:  # compiled code holds its module past the scenario (a
+                sys.modules["torch._dynamo"].reset()  # DDP module: a later scenario's
+                gc.collect()  # data-parallel signal)
             dist.barrier()
         results["_meta"] = {"rngaudit_imported": "rngaudit" in sys.modules, "world": world}
         path = args.outdir / f"result-rank{rank}.json"
