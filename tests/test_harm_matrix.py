@@ -49,6 +49,7 @@ MUST_RAISE = {  # scenario -> first corrupted epoch
     "ddp_big_root_no_sampler": 0,
     "ddp_shuffled_no_sampler_workers": 0,
     "ddp_compiled_no_sampler": 0,
+    "fsdp_shuffled_no_sampler": 0,
 }
 # Found by the observed partition when every rank has drawn the epoch's last index batch.
 AT_EPOCH_END = {
@@ -65,6 +66,7 @@ AT_FIRST_STEP = {
     "ddp_big_root_no_sampler",  # a root over 2M samples: the sketch
     "ddp_shuffled_no_sampler_workers",  # two DataLoader workers: the same meeting point
     "ddp_compiled_no_sampler",  # the DDP module called through torch.compile
+    "fsdp_shuffled_no_sampler",  # FSDP2 (fully_shard): noted where fully_shard returns
 }
 MUST_STAY_CLEAN = [
     "ds_shared_seed_per_rank_global",

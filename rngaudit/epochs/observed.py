@@ -153,6 +153,8 @@ def collect(epoch: Epoch) -> list[dict[str, Any]] | None:
 _FOUND: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 _GROUPS: dict[int, list[int]] = {}  # id(module) -> its group's ranks
 _SEARCHED = [False]  # the heap was searched (once per process)
+# FSDP2's fully_shard swaps a module's class (no __init__ runs): noted where it returns
+FULLY_SHARD_MODULES = ("torch.distributed.fsdp", "torch.distributed._composable.fsdp")
 DATA_PARALLEL_CLASSES = (
     ("torch.nn.parallel.distributed", "DistributedDataParallel"),
     ("torch.distributed.fsdp.fully_sharded_data_parallel", "FullyShardedDataParallel"),

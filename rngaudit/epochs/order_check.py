@@ -270,6 +270,8 @@ class EpochGuard:
                 self.patches.when_imported(name, self._on_import)
             for name, _ in observed.DATA_PARALLEL_CLASSES[:2]:
                 self.patches.when_imported(name, self._on_import)
+            for name in observed.FULLY_SHARD_MODULES:
+                self.patches.when_imported(name, self._on_import)
 
     def _on_import(self, module: Any) -> None:
         with self._lock:
@@ -287,6 +289,10 @@ class EpochGuard:
                 init = cls.__dict__.get("__init__") if isinstance(cls, type) else None
                 if init is not None and not self.patches.replaced(cls, "__init__"):
                     self.patches.wrap(cls, "__init__", _note_module)
+            elif name in observed.FULLY_SHARD_MODULES:
+                shard = getattr(module, "fully_shard", None)
+                if callable(shard) and not self.patches.replaced(module, "fully_shard"):
+                    self.patches.wrap(module, "fully_shard", _note_sharded)
             elif name == "accelerate.data_loader":
                 cls = module.BatchSamplerShard
                 if not self.patches.replaced(cls, "__iter__"):
@@ -1524,6 +1530,18 @@ def _note_module(
     if instance is not None:
         observed.note_module(instance)
         first_step.noted(instance)
+    return result
+
+
+def _note_sharded(
+    wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kw: dict[str, Any]
+) -> Any:
+    """FSDP2's ``fully_shard`` returned the module(s) it sharded: the data-parallel signal."""
+    result = wrapped(*args, **kw)
+    with contextlib.suppress(Exception):
+        for module in result if isinstance(result, list | tuple) else [result]:
+            observed.note_module(module)
+            first_step.noted(module)
     return result
 
 
