@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
+import recorder_alone
 import wrapt
 
 from rngaudit.capture import fingerprint, naming
@@ -18,20 +18,12 @@ from rngaudit.capture.recorder import Recorder
 NAMES = [n for n in (*DRAWS, *STATE_OPS, "default_rng") if hasattr(np.random, n)]
 
 
-@contextlib.contextmanager
-def recording() -> Iterator[Recorder]:
+def recording() -> contextlib.AbstractContextManager[Recorder]:
     """A recorder of its own with only this instrumentation, undone on the way out."""
-    rec = Recorder()
-    rec.enabled = True
-    NumpyInstrumentation(rec).install()
-    try:
-        yield rec
-    finally:
-        rec.uninstrument()
+    return recorder_alone.recording(NumpyInstrumentation)
 
 
-def _events(rec: Recorder) -> list[dict[str, Any]]:
-    return [dict(e.to_dict()) for e in rec.log.since(0)]
+_events = recorder_alone.events
 
 
 def _attributes() -> dict[str, Any]:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import contextlib
 import random
 import tempfile
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import recorder_alone
 import wrapt
 
 from rngaudit.capture import fingerprint, naming
@@ -19,20 +19,12 @@ from rngaudit.capture.recorder import Recorder
 NAMES = [n for n in (*DRAWS, *STATE_OPS) if hasattr(random.Random, n)]
 
 
-@contextlib.contextmanager
-def recording() -> Iterator[Recorder]:
+def recording() -> contextlib.AbstractContextManager[Recorder]:
     """A recorder of its own with only this instrumentation, undone on the way out."""
-    rec = Recorder()
-    rec.enabled = True
-    PythonInstrumentation(rec).install()
-    try:
-        yield rec
-    finally:
-        rec.uninstrument()
+    return recorder_alone.recording(PythonInstrumentation)
 
 
-def _events(rec: Recorder) -> list[dict[str, Any]]:
-    return [dict(e.to_dict()) for e in rec.log.since(0)]
+_events = recorder_alone.events
 
 
 def _attributes() -> dict[str, Any]:
