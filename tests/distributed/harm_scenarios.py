@@ -1110,6 +1110,21 @@ def left_early_last_epoch_per_rank_seed(ctx: Ctx) -> Plan:
 N_LATE = 40  # its own root size: its loader's label names only this scenario's
 
 
+def _rank0_first(ctx: Ctx) -> tuple[Callable[[int], None], Callable[[int], None]]:
+    """Epoch hooks under which rank 0 draws each epoch whole before the other ranks begin it
+    (a barrier after rank 0's epoch, before the others')."""
+
+    def before(epoch: int) -> None:
+        if ctx.rank != 0:
+            dist.barrier()
+
+    def after(epoch: int) -> None:
+        if ctx.rank == 0:
+            dist.barrier()
+
+    return before, after
+
+
 def unsynced_single_epoch(ctx: Ctx) -> Plan:
     """No DDP, a sampler that shards a permutation of the global generator, per-rank seeds,
     one epoch; the other ranks start it only once rank 0 has finished it (a barrier): rank 0
@@ -1120,14 +1135,7 @@ def unsynced_single_epoch(ctx: Ctx) -> Plan:
     sampler = RankShardSampler(N_LATE, ctx.rank, ctx.world)
     loader = ctx.audited(lambda: DataLoader(Items(N_LATE), batch_size=4, sampler=sampler))
 
-    def before(epoch: int) -> None:
-        if ctx.rank != 0:
-            dist.barrier()
-
-    def after(epoch: int) -> None:
-        if ctx.rank == 0:
-            dist.barrier()
-
+    before, after = _rank0_first(ctx)
     return Plan(loader, before_epoch=before, after_epoch=after)
 
 
@@ -1142,15 +1150,8 @@ def unsynced_left_early(ctx: Ctx) -> Plan:
     sampler = RankShardSampler(N_EARLY, ctx.rank, ctx.world)
     loader = ctx.audited(lambda: DataLoader(Items(N_EARLY), batch_size=4, sampler=sampler))
 
-    def before(epoch: int) -> None:
-        if ctx.rank != 0:
-            dist.barrier()
-
-    def after(epoch: int) -> None:
-        if ctx.rank == 0:
-            dist.barrier()
-
     taken = loader if ctx.rank == 0 else _FirstBatches(loader, 2)
+    before, after = _rank0_first(ctx)
     return Plan(taken, before_epoch=before, after_epoch=after)
 
 
