@@ -38,6 +38,7 @@ MUST_RAISE = {  # scenario -> first corrupted epoch
     "hf_shuffle_per_rank": 0,
     "ds_subclass_global_shuffle": 0,
     "ds_subclass_lazy_global_shuffle": 0,
+    "ds_subclass_yield_from_global_shuffle": 0,
     "wrapper_random_split_per_rank": 0,
     "subset_reshuffled_in_place_on_rank0": 1,
     "stream_shard_device_seeds": 0,
@@ -53,7 +54,8 @@ MUST_RAISE = {  # scenario -> first corrupted epoch
 }
 # Found by the observed partition when every rank has drawn the epoch's last index batch.
 AT_EPOCH_END = {
-    "ds_subclass_lazy_global_shuffle",  # a warning at the first batch: its epoch is not readable
+    # a warning at the first batch: its loop yields item by item, its epoch is not readable
+    "ds_subclass_lazy_global_shuffle",
 }
 # Loaders no known class shards (a sampler that shards itself, no sampler at all under DDP) are
 # never waited for at their first batch (a rank-0-only evaluation loader looks the same): the
@@ -521,32 +523,41 @@ def test_intended_overlap_is_never_an_error(runs: dict[str, Any], how: str, scen
         assert not res["raised"], f"rank {rank}: {res.get('message')}"
 
 
+SUBCLASS_AT_FIRST_BATCH = [
+    "ds_subclass_global_shuffle",  # its __iter__ returns iter(list)
+    "ds_subclass_yield_from_global_shuffle",  # a generator __iter__: yield from the share
+]
+
+
 @pytest.mark.parametrize("how", HOWS)
+@pytest.mark.parametrize("scenario", SUBCLASS_AT_FIRST_BATCH)
 def test_a_subclass_shuffling_from_the_global_generator_raises_at_the_first_batch(
-    runs: dict[str, Any], how: str
+    runs: dict[str, Any], how: str, scenario: str
 ) -> None:
     """Its seed and epoch agree; the order its __iter__ drew (from per-rank global state) does
     not: the error comes before the first batch reaches the loop, naming the draw."""
-    plain = [set(runs["none"][r]["ds_subclass_global_shuffle"]["epochs"][0]) for r in range(2)]
+    plain = [set(runs["none"][r][scenario]["epochs"][0]) for r in range(2)]
     assert plain[0] & plain[1]  # the truth: overlapping shares
     for rank in range(NPROC):
-        res = runs[how][rank]["ds_subclass_global_shuffle"]
+        res = runs[how][rank][scenario]
         assert res["raised_at"] == "epoch 0" and res["items_at_raise"] == 0, res
         assert "drew the order it shards from generator state that differs" in res["message"]
         assert "aten.randperm" in res["message"] and "torch.default_generator" in res["message"]
 
 
 @pytest.mark.parametrize("how", HOWS)
+@pytest.mark.parametrize("scenario", SUBCLASS_AT_FIRST_BATCH)
 def test_a_subclass_error_at_the_first_batch_counts_the_measured_overlap(
-    runs: dict[str, Any], how: str
+    runs: dict[str, Any], how: str, scenario: str
 ) -> None:
-    """The draws alone are no verdict: the shares each rank's sampler returned are read before
-    the first batch and their overlap is the one measured without rngaudit; a subclass that
-    orders a fixed share of its own from the same per-rank state is intact and stays clean
-    (test_verdict_matches_the_measured_partition); a lazy one gets a warning first."""
-    plain = [set(runs["none"][r]["ds_subclass_global_shuffle"]["epochs"][0]) for r in range(2)]
+    """The draws alone are no verdict: the shares each rank's sampler returned (a list, or
+    the list a generator yields from) are read before the first batch and their overlap is the
+    one measured without rngaudit; a subclass that orders a fixed share of its own from the
+    same per-rank state is intact and stays clean (test_verdict_matches_the_measured_partition);
+    one whose loop yields item by item gets a warning first."""
+    plain = [set(runs["none"][r][scenario]["epochs"][0]) for r in range(2)]
     shared, never = len(plain[0] & plain[1]), N - len(plain[0] | plain[1])
-    message = runs[how][0]["ds_subclass_global_shuffle"]["message"]
+    message = runs[how][0][scenario]["message"]
     assert (
         f"Measured before the first batch, from the epoch each rank's sampler returned: "
         f"{shared} of {N} samples are in more than one rank's share and {never} in none"

@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.utils.data as D
 from accelerate.data_loader import BatchSamplerShard, IterableDatasetShard
+from torch.utils.data import BatchSampler, Sampler
 
 import rngaudit
 from rngaudit.capture import naming
@@ -271,12 +272,75 @@ def test_the_planned_epoch_is_read_from_a_list_without_a_draw() -> None:
     def lazy() -> Iterator[int]:
         yield from (0, 1)
 
-    assert order_check._planned(lazy(), tape) is None  # yields lazily: unknown
+    assert order_check._planned(lazy(), tape) is None  # not begun: nothing delegated to yet
     begun = iter([3, 1, 3])
     next(begun)
     assert order_check._planned_summary(order_check._planned(begun, tape)) == summary  # whole
     assert order_check._planned_summary(order_check._planned(iter(begun), tape)) == summary
     assert order_check._planned(iter([1]), None) is None
+
+
+class _Sized:
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class _Yielding(Sampler[int]):
+    """A sampler whose ``__iter__`` is a generator yielding from its share."""
+
+    def __init__(self, share: list[int]) -> None:
+        self.share = share
+
+    def __len__(self) -> int:
+        return len(self.share)
+
+    def __iter__(self) -> Iterator[int]:
+        yield from self.share
+
+
+def test_a_generator_that_yields_from_its_epoch_is_read_whole_without_a_draw() -> None:
+    """``yield from share`` holds the whole share in the list iterator it delegates to: read
+    (the generator not advanced) when its length is the sampler's, directly or as a
+    BatchSampler's ``sampler_iter``; item-by-item loops and one of several segments are not."""
+    tape = partition.Tape([], 8)
+
+    def shares(share: list[int]) -> Iterator[int]:
+        yield from share
+
+    gen = shares([3, 1, 3])
+    assert next(gen) == 3
+    summary = order_check._planned_summary(order_check._planned(gen, tape, _Sized(3)))
+    assert summary is not None and (summary["taken"], summary["distinct"]) == (3, 2)
+    assert next(gen) == 1  # not advanced by the read
+    fresh = shares([3, 1, 3])
+    next(fresh)
+    assert order_check._planned(fresh, tape, _Sized(4)) is None  # another length: a segment
+
+    def segments() -> Iterator[int]:
+        yield from [0, 1]
+        yield from [2, 3]
+
+    seg = segments()
+    next(seg)
+    assert order_check._planned(seg, tape, _Sized(4)) is None
+
+    def item_by_item(share: list[int]) -> Iterator[int]:
+        for i in share:
+            yield i + 1  # what a loop body hands out is its own
+
+    loop = item_by_item([0, 1, 2])
+    next(loop)
+    assert order_check._planned(loop, tape, _Sized(3)) is None
+
+    batch_sampler = BatchSampler(_Yielding([2, 0, 2]), batch_size=2, drop_last=False)
+    outer = iter(batch_sampler)
+    assert next(outer) == [2, 0]
+    planned = order_check._planned(outer, tape, batch_sampler)
+    assert planned is not None and list(planned[0]) == [2, 0, 2]
+    assert next(outer) == [2]  # not advanced
 
 
 def _watch(tmp_path: Path, mode: str) -> Watch:

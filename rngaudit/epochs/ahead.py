@@ -25,7 +25,7 @@ _DEPTH = 6
 _BUILTIN: tuple[type, ...] = (type(iter([])), type(iter(())), type(iter(range(0))))
 
 
-def _delegate(it: Any) -> Any:
+def delegate(it: Any) -> Any:
     """The builtin sequence iterator ``it`` is, or the one a suspended generator delegates to."""
     if type(it) in _BUILTIN:
         return it
@@ -35,7 +35,7 @@ def _delegate(it: Any) -> Any:
     return None
 
 
-def _sequence(it: Any) -> tuple[Any, int] | None:
+def sequence(it: Any) -> tuple[Any, int] | None:
     """What a builtin sequence iterator walks and how far it went (no ``next``)."""
     reduced = it.__reduce__()
     if len(reduced) != 3 or not reduced[1]:
@@ -49,7 +49,7 @@ def _sequence(it: Any) -> tuple[Any, int] | None:
 _SPACED = 64  # entries of a list checked to be integers before numpy converts it
 
 
-def _ints(seq: Any) -> Any:
+def ints(seq: Any) -> Any:
     """``seq`` as a 1-d int64 array when every entry is an integer index, else None."""
     np = sys.modules.get("numpy")
     if np is None:
@@ -100,19 +100,19 @@ def epoch_indices(source: Any, first: Any, index_sampler: Any) -> Any:
             frame = source.gi_frame if isinstance(source, types.GeneratorType) else None
             inner = frame.f_locals.get("sampler_iter") if frame is not None else None
             sampler = peek.attr(index_sampler, "sampler")
-        it = _delegate(inner)
-        found = _sequence(it) if it is not None else None
+        it = delegate(inner)
+        found = sequence(it) if it is not None else None
         if found is None:
             return None
         seq, index = found
         if peek.size(sampler) != len(seq):
             return None
         head = list(first) if batched else [first]
-        if index != len(head) or _ints(seq[:index]) is None:
+        if index != len(head) or ints(seq[:index]) is None:
             return None
-        if [int(v) for v in _ints(seq[:index]).tolist()] != [int(v) for v in head]:
+        if [int(v) for v in ints(seq[:index]).tolist()] != [int(v) for v in head]:
             return None
-        values = _ints(seq)
+        values = ints(seq)
         if values is None:
             return None
         if batched:

@@ -539,7 +539,7 @@ class EpochGuard:
             if nodes:
                 batch = self._recorded(state, nodes, wrapped, *args, **kw)
                 with RECORDER.paused():
-                    state["_rngaudit_planned"] = _planned(source, tape)
+                    state["_rngaudit_planned"] = _planned(source, tape, state.get("_index_sampler"))
                 return batch
             if tape is not None and tape.context[1] is None:
                 batch = self._observe(tape, wrapped, *args, **kw)
@@ -1352,27 +1352,34 @@ class EpochGuard:
         return found
 
 
-def _planned(source: Any, tape: partition.Tape | None) -> tuple[list[Any], Any] | None:
+def _planned(
+    source: Any, tape: partition.Tape | None, index_sampler: Any = None
+) -> tuple[Any, Any] | None:
     """This rank's whole epoch as its sampler's ``__iter__`` returned it, read without a draw
-    or a ``next``: the list a list iterator walks (``__reduce__`` hands it over), found as the
-    index iterator itself or as ``BatchSampler.__iter__``'s ``sampler_iter``, with ``tape``
-    (whose maps take it to root samples); None when the sampler yields lazily (a generator
-    of its own) or the epoch cannot be mapped. Only the list is kept here (no copy): it is
-    summarised by :func:`_planned_summary` if the check needs it (draws alone differ)."""
+    or a ``next``: the sequence a builtin iterator walks (``__reduce__`` hands it over), found
+    as the index iterator itself, the iterator a generator ``__iter__`` delegates to with
+    ``yield from`` (its sequence's length must be the sampler's: the whole epoch, not one of
+    several segments), or either as ``BatchSampler.__iter__``'s ``sampler_iter``, with
+    ``tape`` (whose maps take it to root samples); None when the sampler yields lazily (a
+    generator that yields item by item: what its loop body hands out is its own) or the epoch
+    cannot be mapped. Only the sequence is kept here (no copy): it is summarised by
+    :func:`_planned_summary` if the check needs it (draws alone differ)."""
     try:
         if tape is None or not tape.known:
             return None
-        lister: type = type(iter([]))
+        sampler = index_sampler
         it = source
-        if type(source) is not lister:
-            frame = source.gi_frame if isinstance(source, types.GeneratorType) else None
+        if isinstance(source, types.GeneratorType) and ahead.delegate(source) is None:
+            frame = source.gi_frame
             it = frame.f_locals.get("sampler_iter") if frame is not None else None
-        if type(it) is not lister:
-            return None
-        args = it.__reduce__()[1]
-        items = args[0] if args else None
-        if not isinstance(items, list):
-            return None  # exhausted
+            sampler = peek.attr(index_sampler, "sampler")
+        inner = ahead.delegate(it)
+        found = ahead.sequence(inner) if inner is not None else None
+        if found is None:
+            return None  # exhausted, or of another kind
+        items = found[0]
+        if inner is not it and peek.size(sampler) != len(items):
+            return None  # one segment of a generator's epoch, or a length it does not tell
         return items, tape
     except Exception:
         log.debug("rngaudit: could not read the epoch the sampler returned", exc_info=True)
@@ -1385,8 +1392,11 @@ def _planned_summary(planned: Any) -> dict[str, Any] | None:
         if not isinstance(planned, tuple):
             return None
         items, tape = planned
+        values = ahead.ints(items)
+        if values is None:
+            return None
         epoch = partition.Tape(tape.maps, tape.root_size)
-        epoch.take([items])
+        epoch.take_indices(values, 1)
         summary = epoch.summary()
         return summary if summary.get("known") else None
     except Exception:

@@ -380,13 +380,32 @@ def ds_subclass_global_shuffle(ctx: Ctx) -> Plan:
     return Plan(loader)
 
 
-class LazyGlobalShuffleDistributedSampler(DistributedSampler[int]):
-    """The same harm, yielded lazily (a generator ``__iter__``): its epoch cannot be read
-    before it is drawn."""
+class YieldFromGlobalShuffleDistributedSampler(DistributedSampler[int]):
+    """The same harm, a generator ``__iter__`` that yields from its share: the list iterator
+    it delegates to holds the whole share once the first index is drawn."""
 
     def __iter__(self) -> Iterator[int]:
         perm = torch.randperm(len(self.dataset)).tolist()  # type: ignore[arg-type]
         yield from perm[self.rank : self.total_size : self.num_replicas]
+
+
+def ds_subclass_yield_from_global_shuffle(ctx: Ctx) -> Plan:
+    seed_all(100 + ctx.rank)
+    ds = Items(N)
+    loader = ctx.audited(
+        lambda: DataLoader(ds, batch_size=2, sampler=YieldFromGlobalShuffleDistributedSampler(ds))
+    )
+    return Plan(loader)
+
+
+class LazyGlobalShuffleDistributedSampler(DistributedSampler[int]):
+    """The same harm, yielded index by index from a loop: what the loop's body hands out is
+    its own, so its epoch cannot be read before it is drawn."""
+
+    def __iter__(self) -> Iterator[int]:
+        perm = torch.randperm(len(self.dataset)).tolist()  # type: ignore[arg-type]
+        for i in perm[self.rank : self.total_size : self.num_replicas]:
+            yield int(i)  # one at a time: nothing holds the rest of the epoch
 
 
 def ds_subclass_lazy_global_shuffle(ctx: Ctx) -> Plan:
@@ -1339,6 +1358,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("ds_subclass_global_shuffle", ds_subclass_global_shuffle),
         Scenario("ds_subclass_seeded_shuffle", ds_subclass_seeded_shuffle, True),
         Scenario("ds_subclass_lazy_global_shuffle", ds_subclass_lazy_global_shuffle),
+        Scenario("ds_subclass_yield_from_global_shuffle", ds_subclass_yield_from_global_shuffle),
         Scenario(
             "ds_subclass_own_share_per_rank_order", ds_subclass_own_share_per_rank_order, True
         ),
