@@ -51,6 +51,7 @@ MUST_RAISE = {  # scenario -> first corrupted epoch
     "ddp_shuffled_no_sampler_workers": 0,
     "ddp_compiled_no_sampler": 0,
     "fsdp_shuffled_no_sampler": 0,
+    "fsdp1_shuffled_no_sampler": 0,
 }
 # Found by the observed partition when every rank has drawn the epoch's last index batch.
 AT_EPOCH_END = {
@@ -69,6 +70,7 @@ AT_FIRST_STEP = {
     "ddp_shuffled_no_sampler_workers",  # two DataLoader workers: the same meeting point
     "ddp_compiled_no_sampler",  # the DDP module called through torch.compile
     "fsdp_shuffled_no_sampler",  # FSDP2 (fully_shard): noted where fully_shard returns
+    "fsdp1_shuffled_no_sampler",  # FSDP1 (FullyShardedDataParallel): noted at its __init__
 }
 MUST_STAY_CLEAN = [
     "ds_shared_seed_per_rank_global",

@@ -868,9 +868,21 @@ def fsdp_shuffled_no_sampler(ctx: Ctx) -> Plan:
     return Plan(loader, epochs=2, step=_ddp_step(model), keep=model)
 
 
-# scenarios whose module outlives them until a collection (compiled code holds it; FSDP2's
+def fsdp1_shuffled_no_sampler(ctx: Ctx) -> Plan:
+    """The same under FSDP1 (``FullyShardedDataParallel``, on CPU with gloo): its ``__init__``
+    is noted like DDP's, the pre-hook sits on the wrapper module."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    seed_all(0)  # identical on every rank
+    inner = torch.nn.Sequential(torch.nn.Linear(1, 4), torch.nn.Linear(4, 1))
+    model = FullyShardedDataParallel(inner, device_id=torch.device("cpu"))
+    loader = ctx.audited(lambda: DataLoader(Items(N), batch_size=4, shuffle=True))
+    return Plan(loader, epochs=2, step=_ddp_step(model), keep=model)
+
+
+# scenarios whose module outlives them until a collection (compiled code holds it; FSDP's
 # hooks form cycles): dropped after them, so later scenarios see no data-parallel module
-COMPILED = {"ddp_compiled_no_sampler", "fsdp_shuffled_no_sampler"}
+COMPILED = {"ddp_compiled_no_sampler", "fsdp_shuffled_no_sampler", "fsdp1_shuffled_no_sampler"}
 
 
 def ddp_shuffled_no_sampler_workers(ctx: Ctx) -> Plan:
@@ -1399,6 +1411,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("ddp_shuffled_no_sampler_workers", ddp_shuffled_no_sampler_workers, True),
         Scenario("ddp_compiled_no_sampler", ddp_compiled_no_sampler, True),
         Scenario("fsdp_shuffled_no_sampler", fsdp_shuffled_no_sampler, True),
+        Scenario("fsdp1_shuffled_no_sampler", fsdp1_shuffled_no_sampler, True),
         Scenario("ddp_big_root_self_shard_twin", ddp_big_root_self_shard_twin, True),
         *(Scenario(name, globals()[name], True) for name in KEYED),
         Scenario("ddp_lazy_self_shard_left_early", ddp_lazy_self_shard_left_early, True),
