@@ -148,3 +148,36 @@ def test_root_identity_tells_ranks_own_files_apart() -> None:
     assert a != partition.root_identity(Shard("shard-1.npy", np.arange(16)))
     assert a != partition.root_identity(Shard("shard-0.npy", np.arange(16, 32)))
     assert partition.root_identity(object()) == partition.root_identity(object())
+
+
+def test_index_batches_of_every_integer_kind_are_read_and_nothing_else() -> None:
+    """Lists, tuples and ranges of ints (numpy and 0-d tensor ints too), bare indices (batching
+    off) and 1-d integer arrays and tensors are read; a float, an int outside int64, a bool
+    tensor or a generator makes the tape unknown, and a generator is never iterated again."""
+    import torch
+
+    batches: list[Any] = [
+        [1, 2], [np.int64(3)], (4,), range(5, 7), 7, np.int32(8), torch.tensor([9, 10]),
+        np.array([11]), [torch.tensor(12)],
+    ]  # fmt: skip
+    tape = partition.Tape([], 16)
+    tape.take(batches)
+    summary = tape.summary()
+    assert (summary["known"], summary["taken"], summary["batches"]) == (True, 12, 9)
+
+    pulled: list[int] = []
+
+    def consumed() -> Any:
+        pulled.append(1)
+        yield 1
+
+    for odd in ([1.5], [2**70], torch.tensor([True]), np.zeros((1, 1), dtype=np.int64)):
+        tape = partition.Tape([], 16)
+        tape.take([[0], odd])
+        assert tape.summary() == {"known": False}, odd
+    tape = partition.Tape([], 16)
+    tape.add(consumed())
+    assert tape.summary() == {"known": False} and not pulled
+    tape = partition.Tape([], 16)
+    tape.take([[3, -1]])  # a negative index: outside the root (numpy would wrap it)
+    assert tape.summary() == {"known": False}
