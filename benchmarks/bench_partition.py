@@ -6,7 +6,9 @@ every_epoch=True)``, audited (B): the order check at each epoch's first batch, a
 batch observed into the epoch's partition tape, compared at the epoch's end. ``images32``: the
 same sampler over a dataset whose samples are small image tensors (built, not decoded: the
 cheapest real sample), collated, to set the per-batch cost beside a loader that does real work.
-Also: the dataset check's digest of a 45M-index ``random_split`` (sampled), against the
+``fold_share``: the fold of index batches into the tape timed alone in a loop, beside each
+loader's unaudited batch and the least any exact observer can do (each index read once). Also:
+the dataset check's digest of a 45M-index ``random_split`` (sampled), against the
 sampler's own epoch; and
 (``unsharded``) two real ranks (gloo, spawned) iterating a loader no known class shards (a
 sampler that takes ``perm[rank::world]`` from a shared generator), whose epochs are published
@@ -208,6 +210,53 @@ def pairs(
     }
 
 
+def fold_share(rounds: int) -> dict[str, Any]:
+    """The observation's own work beside the unaudited loader's, both in this process: an epoch
+    of each loader unaudited (least of ``rounds``, per batch) and the fold of 256 of its index
+    batches into a tape (``Tape.take``: what an observed epoch adds per batch once the tee's C
+    segments are counted), with the least any exact observer can do (``sum`` over the indices:
+    each read once, at C speed) and the previous fold (``np.fromiter`` of the chained batches)
+    beside it. Loops are stable at any load; epoch ratios are not."""
+    import itertools
+    import random
+    import timeit
+
+    import numpy as np
+
+    from rngaudit.epochs import partition
+
+    def least(fn: Any) -> float:
+        return min(timeit.repeat(fn, number=100, repeat=7)) / 100 / 256
+
+    out: dict[str, Any] = {}
+    for name, n, batch, build in (
+        ("items32", 64_000, 32, _loader),
+        ("images32", 64_000, 32, _images_loader),
+        ("items1", 8_000, 1, _loader),
+    ):
+        loader = build(n, batch)
+        _epoch(loader)
+        per_batch = min(_epoch(loader) for _ in range(rounds)) / len(loader)
+        perm = list(range(n))
+        random.Random(0).shuffle(perm)
+        held = [perm[i : i + batch] for i in range(0, 256 * batch, batch)]
+        tape = partition.Tape([], n)
+        fold = least(lambda: tape.take(list(held)))  # noqa: B023 (called in this iteration)
+        floor = least(lambda: sum(itertools.chain.from_iterable(held)))  # noqa: B023
+        chained = least(
+            lambda: np.fromiter(itertools.chain.from_iterable(held), dtype=np.int64)  # noqa: B023
+        )
+        out[name] = {
+            "loader_us_per_batch": per_batch * 1e6,
+            "fold_us_per_batch": fold * 1e6,
+            "fold_share": fold / per_batch,
+            "floor_us_per_batch": floor * 1e6,
+            "floor_share": floor / per_batch,
+            "fromiter_us_per_batch": chained * 1e6,
+        }
+    return out
+
+
 def digest_45m() -> dict[str, Any]:
     n = 45_000_000
     t0 = CLOCK[0]()
@@ -236,6 +285,7 @@ def main() -> None:
         "unsharded1": lambda: unsharded(8_000, 1, args.rounds),
         "unsharded_ddp32": lambda: unsharded(64_000, 32, args.rounds, ddp=True),
         "digest_45m": digest_45m,
+        "fold_share": lambda: fold_share(args.rounds),
     }
     chosen = [p for p in args.only.split(",") if p] or list(parts)
     out = {name: parts[name]() for name in chosen}

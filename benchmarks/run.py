@@ -348,9 +348,7 @@ def rows_epochs(r: dict[str, Any]) -> list[Row]:
     first_off = [t for run_ in off for t in run_["first_batch_s"][1:]]
     first_on = [t for run_ in on for t in run_["first_batch_s"][1:]]
     added = median(first_on) - median(first_off)
-    rest_ratios = [
-        median(b["rest_s"]) / median(a["rest_s"]) for a, b in zip(off, on, strict=True)
-    ]
+    rest_ratios = [median(b["rest_s"]) / median(a["rest_s"]) for a, b in zip(off, on, strict=True)]
     mid, band, ok = within_noise(rest_ratios)
     return [
         (

@@ -184,6 +184,9 @@ def dataset_samples(dataset: Any) -> dict[str, Any] | None:
         return None
 
 
+_SEQUENCES = frozenset({list, tuple, range})
+
+
 def _flat_indices(batches: list[Any], np: Any) -> Any:
     """The index batches' entries as one int64 array, or None when a batch is not a list,
     tuple or range of integers, an integer, or a 1-d integer array or tensor (nothing else is
@@ -193,6 +196,13 @@ def _flat_indices(batches: list[Any], np: Any) -> Any:
     flat: list[Any] = []
     extend, append = flat.extend, flat.append
     try:
+        kinds = set(map(type, batches))
+        if kinds <= _SEQUENCES:  # the usual batch: no check per batch
+            for batch in batches:
+                extend(batch)
+            return np.frombuffer(struct.pack(f"{len(flat)}q", *flat), dtype=np.int64)
+        if kinds == {int}:  # batching off
+            return np.frombuffer(struct.pack(f"{len(batches)}q", *batches), dtype=np.int64)
         for batch in batches:
             kind = type(batch)
             if kind is list or kind is tuple or kind is range:
