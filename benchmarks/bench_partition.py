@@ -226,7 +226,8 @@ def fold_share(rounds: int) -> dict[str, Any]:
     from rngaudit.epochs import partition
 
     def least(fn: Any) -> float:
-        return min(timeit.repeat(fn, number=100, repeat=7)) / 100 / 256
+        fn()  # warm: the first calls of a process pay its allocations
+        return min(timeit.repeat(fn, number=100, repeat=15)) / 100 / 256
 
     out: dict[str, Any] = {}
     for name, n, batch, build in (
