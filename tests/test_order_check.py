@@ -362,3 +362,23 @@ def test_findings_are_raised_or_warned_as_the_mode_says(tmp_path: Path) -> None:
         order_check._act([error], _watch(tmp_path, "warn"), "epoch 0 of L")
     with pytest.warns(RNGAuditWarning, match="the order repeats"):
         order_check._act([warning], _watch(tmp_path, "raise"), "epoch 1 of L")
+
+
+def test_every_ready_epoch_is_judged_before_the_first_error_is_raised(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Epochs compared together (at a later epoch's first batch, or when the group goes): an
+    error in the first never leaves the others unjudged (their findings unfiled); the first
+    error is the one raised."""
+    judged: list[str] = []
+
+    def judge(epoch: Any, got: Any) -> None:
+        judged.append(epoch)
+        if epoch in ("e0", "e2"):
+            raise RNGDivergenceError(f"corrupted {epoch}")
+
+    monkeypatch.setattr(GUARD, "_judge", judge)
+    with pytest.raises(RNGDivergenceError, match="corrupted e0"):
+        GUARD._judge_all([("e0", []), ("e1", []), ("e2", []), ("e3", [])])  # type: ignore[list-item]
+    assert judged == ["e0", "e1", "e2", "e3"]
+    GUARD._judge_all([("e1", [])])  # type: ignore[list-item]  # nothing raised: none

@@ -43,6 +43,7 @@ from rngaudit.epochs import (
     sharding,
     unpublished,
 )
+from rngaudit.errors import RNGAuditError
 from rngaudit.findings import Finding
 from rngaudit.ranks import exchange
 from rngaudit.ranks.policy import act
@@ -363,9 +364,7 @@ class EpochGuard:
         with self._lock:
             self.exit_patches.undo()  # the process group goes: nothing more to close
         for epoch, published, missing in settled:
-            if published is not None:
-                self._judge(epoch, published)
-            elif missing:
+            if published is None and missing:
                 log.warning(
                     "rngaudit: epoch %d of %s was not compared: %s did not publish it before "
                     "the process group was destroyed (a rank still iterating, or one that "
@@ -374,6 +373,7 @@ class EpochGuard:
                     epoch.label,
                     ranks_phrase(missing),
                 )
+        self._judge_all([(e, got) for e, got, _ in settled if got is not None])
 
     def _publish_open(self) -> None:
         """The keyed epochs this rank left early (a ``break``) and never ended: what each took
@@ -889,8 +889,21 @@ class EpochGuard:
                     self.later.append(epoch)
             else:
                 ready.append((epoch, got))
-        for epoch, got in ready:  # may raise: the epochs still waiting are kept above
-            self._judge(epoch, got)
+        self._judge_all(ready)  # the epochs still waiting are kept above
+
+    def _judge_all(self, ready: list[tuple[observed.Epoch, list[dict[str, Any]]]]) -> None:
+        """Judge every epoch, oldest first, each one's findings filed in the report; the
+        first error is raised once all are judged (an earlier epoch's error never leaves a
+        later one uncompared and unreported)."""
+        first: RNGAuditError | None = None
+        for epoch, got in ready:
+            try:
+                self._judge(epoch, got)
+            except RNGAuditError as exc:
+                if first is None:
+                    first = exc
+        if first is not None:
+            raise first
 
     def _judge(self, epoch: observed.Epoch, published: list[dict[str, Any]]) -> None:
         """The verdict on one observed epoch, from every rank's summary (the same on every
