@@ -254,3 +254,34 @@ def test_an_epoch_left_open_when_the_group_goes_raises_there_on_an_overlap(
         guard.everything = None
         guard.uninstall()
         guard.exit_patches.undo()
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_an_epoch_so_far_is_read_without_a_draw_and_the_epoch_goes_on_unchanged(
+    guard: order_check.EpochGuard, workers: int
+) -> None:
+    """Mid-epoch, :func:`early.snapshot` summarises the batches handed so far (from the tee's
+    buffer, the prefetch left out) and leaves the tape, the tee and the sampler as they are:
+    the epoch goes on to the same batches and the same generator state as unaudited."""
+    kw: dict[str, Any] = {"num_workers": workers}
+    if workers:
+        kw.update(prefetch_factor=2, multiprocessing_context="fork")
+    plain_gen = torch.Generator().manual_seed(7)
+    plain = [
+        b.tolist() for b in DataLoader(Items(), batch_size=2, sampler=DrawEach(plain_gen), **kw)
+    ]
+    _watch(guard)
+    gen = torch.Generator().manual_seed(7)
+    it = iter(DataLoader(Items(), batch_size=2, sampler=DrawEach(gen), **kw))
+    audited = [next(it).tolist() for _ in range(3)]
+    tape = it.__dict__["_rngaudit_tape"]
+    before = (tape.batches, list(tape.pending), tape.closed)
+    summary = early.snapshot(tape)
+    assert summary is not None and summary["partial"] and summary["known"]
+    assert summary["batches"] == 3 and summary["length"] == N // 2
+    assert _samples(summary) == {i for batch in plain[:3] for i in batch}
+    assert (tape.batches, list(tape.pending), tape.closed) == before
+    audited += [b.tolist() for b in it]
+    assert audited == plain
+    assert torch.equal(gen.get_state(), plain_gen.get_state())
+    assert early.snapshot(tape) is None  # the epoch ended: nothing so far to read

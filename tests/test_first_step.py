@@ -11,7 +11,7 @@ import torch
 from ranks_in_process import Ranks, world_of_one
 
 from rngaudit.config import Settings
-from rngaudit.epochs import ahead, first_step, observed, partition
+from rngaudit.epochs import ahead, early, first_step, observed, partition
 from rngaudit.epochs.order_check import Watch
 from rngaudit.ranks import exchange
 
@@ -24,6 +24,7 @@ class Guard:
     def __init__(self) -> None:
         self.judged: list[tuple[str, int, dict[int, dict[str, Any]]]] = []
         self.warned: list[tuple[str, list[int], list[int], float]] = []
+        self.so_far: list[tuple[str, int, dict[int, dict[str, Any]]]] = []
 
     def _judge_first(self, epoch: observed.Epoch, published: dict[int, dict[str, Any]]) -> None:
         self.judged.append((epoch.key, epoch.epoch, published))
@@ -32,6 +33,12 @@ class Guard:
         self, epoch: observed.Epoch, missing: list[int], arrived: list[int], timeout: float
     ) -> None:
         self.warned.append((epoch.key, missing, arrived, timeout))
+
+    def _judge_so_far(
+        self, epoch: observed.Epoch, published: dict[int, dict[str, Any]], forwards: int
+    ) -> bool:
+        self.so_far.append((epoch.key, forwards, published))
+        return False
 
 
 @pytest.fixture(autouse=True)
@@ -46,6 +53,7 @@ def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
         "_counts": {},
         "_given_up": set(),
         "DECIDED": set(),
+        "_following": weakref.WeakKeyDictionary(),
     }
     for name, value in state.items():
         monkeypatch.setattr(first_step, name, value)
@@ -206,3 +214,77 @@ def test_a_data_parallel_group_of_one_rank_in_a_larger_world_compares_nothing(
     assert len(module._forward_pre_hooks) == 0  # fired, and removed
     assert guard.judged == [] and guard.warned == [] and not tape.closed
     assert not ranks.has(f"{_base([0])}/0")  # nothing published for a group of one
+
+
+def _followed(guard: Guard, module: torch.nn.Module) -> tuple[first_step.Started, partition.Tape]:
+    """An epoch read lazily whose first batches did not overlap: followed from its first
+    training forward on (one batch handed so far, in the tape's pending list)."""
+    item, tape = _started(guard, "lazy", epoch=1)
+    tape.left = early.Left(ahead=0, length=8)
+    tape.add([0])
+    first_step.follow(item, module)
+    return item, tape
+
+
+def _so_far(ranks: list[int], forwards: int) -> str:
+    group = first_step._group_key(ranks)
+    return f"{observed.PREFIX}/sofar/{group}/lazy/1/{forwards}"
+
+
+def test_a_followed_epoch_is_published_when_due_and_compared_at_the_next_training_forward(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At the epoch's 2nd, 4th, 8th ... training forward each rank publishes what it has been
+    handed so far (never waiting); at the next one it compares them when every rank has;
+    evaluation forwards are not counted, and the counting hook goes with the epoch."""
+    ranks = Ranks(monkeypatch, 2)
+    guard = Guard()
+    module = _module([0, 1])
+    _, tape = _followed(guard, module)
+    assert len(module._forward_pre_hooks) == 1
+    tape.add([1])
+    module.eval()
+    module(torch.ones(1, 2))  # not counted
+    _train_step(module)  # its 2nd training forward: published, not yet compared
+    assert ranks.has(f"{_so_far([0, 1], 2)}/0") and guard.so_far == []
+    mine = ranks.get(f"{_so_far([0, 1], 2)}/0")
+    assert mine["partial"] and mine["batches"] == 2 and mine["taken"] == 2
+    with ranks.playing(1):
+        ranks.store.set(f"{_so_far([0, 1], 2)}/1", exchange.encode(dict(mine, batches=2)))
+    tape.add([2])
+    _train_step(module)  # the 3rd: compared, every rank having published
+    assert [(key, n) for key, n, _ in guard.so_far] == [("lazy", 2)]
+    assert set(guard.so_far[0][2]) == {0, 1}
+    assert tape.pending == [[0], [1], [2]]  # the tape itself never folded by the reads
+    first_step.unfollow(tape)  # its epoch ended: compared there, no hook left
+    assert len(module._forward_pre_hooks) == 0 and first_step.following() == []
+
+
+def test_a_rank_that_did_not_publish_so_far_is_waited_for_briefly_then_left_to_the_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not every rank published by its due forward (uneven, or not in step): waited for at
+    most ``FOLLOW_WAIT``, then the epoch is compared at its end only (no warning, no error)."""
+    Ranks(monkeypatch, 2)
+    monkeypatch.setattr(first_step, "FOLLOW_WAIT", 0.1)
+    guard = Guard()
+    module = _module([0, 1])
+    _, tape = _followed(guard, module)
+    _train_step(module)
+    _train_step(module)  # rank 1's record never came
+    assert guard.so_far == [] and guard.warned == []
+    assert first_step.following() == [] and len(module._forward_pre_hooks) == 0
+    assert not tape.closed  # (alive to here)
+
+
+def test_a_followed_epoch_that_cannot_be_read_so_far_is_dropped_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    Ranks(monkeypatch, 2)
+    guard = Guard()
+    module = _module([0, 1])
+    _, tape = _followed(guard, module)
+    tape.left = early.Left(ahead=None, length=8)  # what it handed cannot be told
+    _train_step(module)
+    assert first_step.following() == [] and len(module._forward_pre_hooks) == 0
+    assert not tape.closed

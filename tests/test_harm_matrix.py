@@ -46,6 +46,7 @@ MUST_RAISE = {  # scenario -> first corrupted epoch
     "hf_stream_shuffle_seed_per_rank": 0,
     "self_sharding_rank0_eval": 1,
     "self_sharding_lazy_rank0_eval": 1,
+    "self_sharding_lazy_late_overlap": 1,
     "ddp_shuffled_no_sampler": 0,
     "ddp_big_root_no_sampler": 0,
     "ddp_shuffled_no_sampler_workers": 0,
@@ -72,6 +73,10 @@ AT_FIRST_STEP = {
     "fsdp_shuffled_no_sampler",  # FSDP2 (fully_shard): noted where fully_shard returns
     "fsdp1_shuffled_no_sampler",  # FSDP1 (FullyShardedDataParallel): noted at its __init__
 }
+# A lazily yielding sampler of a loader that partitioned before, whose first batches do not
+# overlap: what each rank was handed is compared again at training steps 2, 4, 8, ..., each
+# before the next step.
+AS_DRAWN = {"self_sharding_lazy_late_overlap"}
 MUST_STAY_CLEAN = [
     "ds_shared_seed_per_rank_global",
     "random_split_shared_generator",
@@ -90,6 +95,7 @@ MUST_STAY_CLEAN = [
     "reseeded_after_block",
     "self_sharding_rank0_eval_own_generator",
     "self_sharding_reseeded_after_block",
+    "self_sharding_lazy_late_overlap_twin",
     "ddp_self_shard_per_rank_augment",
     "ddp_presharded_files",
     "ddp_rank_part_in_getitem",
@@ -212,6 +218,10 @@ def test_verdict_matches_the_measured_partition(
                 expected = "partition-overlap"
                 assert res["raised_at"] == f"epoch {first}", res["raised_at"]
                 assert res["steps_at_raise"] == 0, res
+            elif scenario in AS_DRAWN:  # in a later training step's forward (measured below)
+                expected = "partition-overlap"
+                assert res["raised_at"] == f"epoch {first}", res["raised_at"]
+                assert 0 < res["steps_at_raise"] < runs["none"][rank][scenario]["steps"][first]
             elif res["raised_at"] == f"epoch {first}":  # before its first batch reached the loop
                 assert res["items_at_raise"] == 0, res
             assert expected in res["kinds"], res["kinds"]
@@ -318,6 +328,44 @@ def test_a_lazy_samplers_first_batches_are_the_measured_ones(
     message = runs[how][0][scenario]["message"]
     assert f"the first batches the ranks are about to train on share {shared} samples" in message
     assert "its sampler yields lazily" in message
+
+
+def _batches(items: list[int], size: int) -> list[list[int]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+@pytest.mark.parametrize("how", HOWS)
+def test_a_lazy_epoch_is_compared_as_it_is_drawn_at_the_measured_step(
+    runs: dict[str, Any], how: str
+) -> None:
+    """Its first batches do not overlap (measured): what each rank was handed is published at
+    training steps 2, 4, 8, ... and compared before the next; the raise comes before the step
+    after the first such count whose batches overlap beyond padding, measured without
+    rngaudit, with the measured count, and never later."""
+    scenario = "self_sharding_lazy_late_overlap"
+    first = MUST_RAISE[scenario]
+    plain = [_batches(runs["none"][r][scenario]["epochs"][first], 2) for r in range(NPROC)]
+    total = len(plain[0])
+
+    def shared(k: int) -> int:
+        taken = [{i for b in batches[:k] for i in b} for batches in plain]
+        return len(set.intersection(*taken))
+
+    assert shared(1) == 0  # the claim: the first batches the ranks train on are disjoint
+    due = 2
+    while due < total and shared(due) <= NPROC - 1:
+        due *= 2
+    assert due < total, "the measured overlap comes too late for this scenario to show it"
+    for rank in range(NPROC):
+        res = runs[how][rank][scenario]
+        assert res["raised_at"] == f"epoch {first}", res
+        assert res["steps_at_raise"] == due, (res["steps_at_raise"], due)
+        assert res["steps"] == runs["none"][rank][scenario]["steps"][:first]
+        assert (
+            f"the first {due} batches each rank was handed share {shared(due)} samples"
+            in res["message"]
+        ), res["message"]
+        assert f"Found before training step {due + 1} of the epoch" in res["message"]
 
 
 @pytest.mark.parametrize("how", HOWS)

@@ -9,7 +9,8 @@ epoch's :class:`~rngaudit.epochs.partition.Tape` and those drawn since, held by 
 branch reads its buffer, never the source). Batches an iterator drew ahead of those it yielded
 (a multi-process iterator's prefetch) are left out; where that cannot be told, the epoch is
 unknown (not compared), never guessed. The fold is taken when the iterator goes (a finalizer:
-the usual ``break``), when the same loader starts a new epoch, or when the process group goes.
+the usual ``break``), when the same loader starts a new epoch, or when the process group goes;
+:func:`snapshot` reads the same without closing the epoch (what a rank has been handed so far).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rngaudit import peek
-from rngaudit.epochs import observed
+from rngaudit.epochs import observed, partition
 from rngaudit.ranks import exchange
 
 log = logging.getLogger("rngaudit")
@@ -134,6 +135,43 @@ def fold(tape: Any) -> dict[str, Any] | None:
         left.second = left.counter = None
     summary["partial"] = True
     summary["length"] = left.length if isinstance(left, Left) else None
+    return summary
+
+
+def snapshot(tape: Any) -> dict[str, Any] | None:
+    """What this rank has been handed of ``tape``'s epoch so far, summarised like an epoch's
+    end (marked partial), the tape and the sampler left exactly as they are: the bitmap
+    copied, the batches held since the last fold read from the tee branch's buffer (a copy)
+    or the tape's pending list, those drawn ahead of the loop left out. None when the tape is
+    closed or unknown, its root is a sketch's, or what was handed cannot be told."""
+    left = tape.left
+    if tape.closed or not tape.known or tape.seen is None:
+        return None
+    if not isinstance(left, Left) or left.ahead is None:
+        return None
+    try:
+        if left.second is not None:
+            count = _counted(left.counter)
+            if count is None:
+                return None
+            held = list(itertools.islice(copy.copy(left.second), count))
+        else:
+            held = list(tape.pending)
+        handed = tape.batches + len(held) - left.ahead
+        if handed < tape.batches:
+            return None  # a batch drawn ahead of the loop was folded already
+        part = partition.Tape(tape.maps, tape.root_size)
+        part.seen = tape.seen.copy()
+        part.taken, part.batches = tape.taken, tape.batches
+        part.take(held[: handed - tape.batches])
+        summary: dict[str, Any] = part.summary()
+    except Exception:
+        log.debug("rngaudit: could not read an epoch so far", exc_info=True)
+        return None
+    if not summary.get("known"):
+        return None
+    summary["partial"] = True
+    summary["length"] = left.length
     return summary
 
 

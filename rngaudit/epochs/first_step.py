@@ -19,6 +19,7 @@ starts of a loader every rank of the group trained on together at an earlier ren
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import sys
@@ -185,7 +186,162 @@ def _rendezvous(module: Any) -> None:
         with _lock:
             _agreed.add(ident[0])
         item = by_key[ident]
-        item.guard._judge_first(item.epoch, {r: per_rank[r][ident] for r in ranks})
+        if item.guard._judge_first(item.epoch, {r: per_rank[r][ident] for r in ranks}):
+            follow(item, module)  # read lazily and not yet decided: compared again later
+
+
+FIRST_DUE = 2  # the training forward (of the epoch) whose batches are first compared again
+FOLLOW_WAIT = 5.0  # seconds a rank waits for the others' records at a later forward, at most
+
+
+@dataclass(eq=False)
+class Follow:
+    """An observed epoch whose sampler yields lazily, compared again at later training
+    forwards: what each rank has been handed so far is published at the ``due``-th (2, 4,
+    8, ...) and compared at the next, when every rank of the group has published it."""
+
+    item: Started
+    group: str  # the data-parallel group's key
+    ranks: list[int]
+    forwards: int = 1  # training forwards of the epoch so far (the rendezvous was the first)
+    due: int = FIRST_DUE
+    compare_at: int = 0  # the forward at which the records published last are compared
+
+
+# module -> (its counting hook's handle, the epochs it follows); the list is the hook's own
+_following: weakref.WeakKeyDictionary[Any, tuple[Any, list[Follow]]] = weakref.WeakKeyDictionary()
+
+
+def follow(item: Started, module: Any) -> None:
+    """Compare ``item``'s epoch again at later training forwards of ``module`` (a forward
+    pre-hook that counts them: a few attribute reads a forward; removed when the module
+    follows no epoch); never raises."""
+    with contextlib.suppress(Exception):
+        ranks = _group(module)
+        grad_enabled = sys.modules["torch"].is_grad_enabled
+        with _lock:
+            entry = _following.get(module)
+            if entry is None:
+                follows: list[Follow] = []
+                hook = functools.partial(_follow_hook, follows, grad_enabled)
+                entry = (module.register_forward_pre_hook(hook, prepend=True), follows)
+                _following[module] = entry
+            entry[1].append(Follow(item, _group_key(ranks), ranks))
+
+
+def following() -> list[Follow]:
+    """Every epoch followed now, on any module."""
+    with _lock:
+        return [f for _, follows in list(_following.values()) for f in follows]
+
+
+def unfollow(tape: Any) -> None:
+    """``tape``'s epoch ended or was left: not compared again at a forward (its end is)."""
+    with _lock:
+        for module, (_, follows) in list(_following.items()):
+            follows[:] = [f for f in follows if f.item.tape() not in (None, tape)]
+            _unhook_idle(module)
+
+
+def _unhook_idle(module: Any) -> None:
+    """Remove ``module``'s counting hook when it follows no epoch (with the lock held)."""
+    entry = _following.get(module)
+    if entry is not None and not entry[1]:
+        del _following[module]
+        with contextlib.suppress(Exception):
+            entry[0].remove()
+
+
+def _follow_hook(follows: list[Follow], grad_enabled: Any, module: Any, args: Any) -> None:
+    if module.training is not True or not grad_enabled():
+        return  # an evaluation forward: not counted
+    due = False
+    for f in follows:
+        f.forwards += 1
+        due = due or f.forwards in (f.due, f.compare_at)
+    if due:
+        with RECORDER.paused():
+            _advance(module, follows)
+
+
+def _advance(module: Any, follows: list[Follow]) -> None:
+    """A training forward at which some epoch ``module`` follows is due: published or
+    compared; an epoch found corrupted raises here, before the step."""
+    with _lock:
+        follows[:] = [f for f in follows if _drawing(f.item)]
+        mine = list(follows)
+        _unhook_idle(module)
+    for f in mine:
+        if f.forwards == f.compare_at:
+            _compare_so_far(module, f, f.compare_at - 1)  # may raise: the verdict
+        if f.forwards == f.due:
+            f.due *= 2
+            if _publish_so_far(module, f):
+                f.compare_at = f.forwards + 1
+
+
+def _base(f: Follow, forwards: int) -> str:
+    e = f.item.epoch
+    return f"{observed.PREFIX}/sofar/{f.group}/{e.key}/{e.epoch}/{forwards}"
+
+
+def _publish_so_far(module: Any, f: Follow) -> bool:
+    from rngaudit.epochs import early
+
+    where = exchange.distributed()
+    tape = f.item.tape()
+    summary = early.snapshot(tape) if tape is not None else None
+    if where is None or summary is None:
+        _drop(module, f)  # every rank drops it at the same forward when none can read it
+        return False
+    record = dict(summary, training=f.item.record.get("training"))
+    try:
+        exchange._store().set(f"{_base(f, f.forwards)}/{where[0]}", exchange.encode(record))
+    except Exception:
+        log.debug("rngaudit: could not publish an epoch so far", exc_info=True)
+        _drop(module, f)
+        return False
+    return True
+
+
+def _compare_so_far(module: Any, f: Follow, forwards: int) -> None:
+    base = _base(f, forwards)
+    keys = [f"{base}/{r}" for r in f.ranks]
+    try:
+        store = exchange._store()
+        observed._wait(store, keys, FOLLOW_WAIT)  # published before the step all-reduced
+        if not all(store.check([k]) for k in keys):
+            log.info(
+                "rngaudit: epoch %d of %s: not every rank published what it was handed by its "
+                "training forward %d; compared at the epoch's end",
+                f.item.epoch.epoch, f.item.epoch.label, forwards,
+            )  # fmt: skip
+            _drop(module, f)
+            return
+        payloads = exchange._get_all(store, keys)
+        if store.add(f"{base}/read", 1) == len(f.ranks):
+            exchange._delete(store, [*keys, f"{base}/read"])
+    except Exception:
+        log.debug("rngaudit: could not compare an epoch so far", exc_info=True)
+        _drop(module, f)
+        return
+    published = {r: exchange.decode(bytes(p)) for r, p in zip(f.ranks, payloads, strict=True)}
+    try:
+        decided = f.item.guard._judge_so_far(f.item.epoch, published, forwards)
+    except BaseException:
+        _drop(module, f)  # the verdict raised: never compared again
+        raise
+    if decided:
+        _drop(module, f)  # warned: never compared again
+
+
+def _drop(module: Any, f: Follow) -> None:
+    with _lock:
+        entry = _following.get(module)
+        if entry is not None:
+            with contextlib.suppress(ValueError):
+                entry[1].remove(f)
+            _unhook_idle(module)
 
 
 def _drawing(item: Started) -> bool:

@@ -745,13 +745,16 @@ class EpochGuard:
         except Exception:
             log.warning("rngaudit: could not read the observed epoch ahead", exc_info=True)
 
-    def _judge_first(self, epoch: observed.Epoch, published: dict[int, dict[str, Any]]) -> None:
+    def _judge_first(self, epoch: observed.Epoch, published: dict[int, dict[str, Any]]) -> bool:
         """The verdict on an observed epoch at its first training step, from every rank of the
-        data-parallel group (the same on each): the whole epoch each rank's sampler holds."""
+        data-parallel group (the same on each): the whole epoch each rank's sampler holds.
+        True when the epoch is to be compared again at later training forwards (a loader that
+        partitioned before, read lazily, whose first batches do not overlap)."""
         if any(p.get("keyed") for p in published.values()):
             self._judge_keyed_first(epoch, published)
-            return
+            return False
         found: list[Finding] = []
+        again = False
         label = f"observed partition of epoch {epoch.epoch} of {epoch.label} ({epoch.chain})"
         try:
             unlike = order_rules.unlike_content(published)
@@ -767,8 +770,9 @@ class EpochGuard:
                 finding = order_rules.first_batches_overlap(
                     _first_batches(published), epoch.label, epoch.chain, epoch.epoch
                 )
+                again = finding is None and not unlike
             else:
-                return
+                return False
             if finding is not None and unlike:
                 finding = order_rules.content_differs(finding)
             if finding is not None:
@@ -778,6 +782,28 @@ class EpochGuard:
         except Exception:
             log.warning("rngaudit: the first-step comparison could not compare", exc_info=True)
         _act(found, epoch.watch, label)
+        return again
+
+    def _judge_so_far(
+        self, epoch: observed.Epoch, published: dict[int, dict[str, Any]], forwards: int
+    ) -> bool:
+        """The verdict on a lazily read epoch of a loader that partitioned before, from what
+        every rank of the group had been handed by its ``forwards``-th training forward of it
+        (the same on each rank); True when decided (a finding: raised or warned)."""
+        found: list[Finding] = []
+        label = f"observed partition of epoch {epoch.epoch} of {epoch.label} ({epoch.chain})"
+        try:
+            finding = order_rules.first_batches_overlap(
+                published, epoch.label, epoch.chain, epoch.epoch, drawn=forwards
+            )
+            if finding is not None:
+                found.append(finding)
+                first_step.DECIDED.add((epoch.key, epoch.epoch))
+                epoch.watch.session.add_check(label, found)
+        except Exception:
+            log.warning("rngaudit: the observed partition could not compare", exc_info=True)
+        _act(found, epoch.watch, label)
+        return bool(found)
 
     def _warn_first(
         self, epoch: observed.Epoch, missing: list[int], arrived: list[int], timeout: float
@@ -800,6 +826,7 @@ class EpochGuard:
         """Publish what this rank took in an observed epoch; compare when every rank has."""
         _, _, epoch, known, training = tape.context
         early.done(tape)
+        first_step.unfollow(tape)
         try:
             groups = observed.data_parallel_groups(scan=not known.scanned)
             known.scanned = True
@@ -826,6 +853,7 @@ class EpochGuard:
         anywhere); never raises."""
         try:
             _, _, epoch, known, training = tape.context
+            first_step.unfollow(tape)
             folded = early.fold(tape)
             if folded is None:
                 return

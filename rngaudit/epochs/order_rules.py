@@ -702,25 +702,43 @@ def unlike_content(summaries: dict[int, dict[str, Any]]) -> bool:
 
 
 def first_batches_overlap(
-    summaries: dict[int, dict[str, Any]], loader: str, chain: str, epoch: int
+    summaries: dict[int, dict[str, Any]],
+    loader: str,
+    chain: str,
+    epoch: int,
+    drawn: int | None = None,
 ) -> Finding | None:
     """An error when the first batches the ranks are about to train on (root samples) overlap
     beyond padding, for a loader an earlier epoch of which partitioned the data exactly: a
     partition never hands one sample to two ranks, so the ranks now shard different orders.
-    Used where the rest of the epoch cannot be read ahead (a sampler that yields lazily)."""
+    Used where the rest of the epoch cannot be read ahead (a sampler that yields lazily).
+    ``drawn``: the summaries are what each rank had been handed by its ``drawn``-th training
+    forward of the epoch (compared at the next one), not its first batch."""
     world = len(summaries)
     seen = partition.overlap(summaries)
     if seen is None or not beyond_padding(seen, world):
         return None
     firsts = ", ".join(f"rank {r}: {n}" for r, n in sorted(seen["per_rank"].items()))
+    if drawn is None:
+        what = "the first batches the ranks are about to train on share"
+        found = (
+            "Found before the first training step, from each rank's first batch (its sampler "
+            "yields lazily: the rest of the epoch cannot be read ahead)."
+        )
+    else:
+        what = f"the first {drawn} batches each rank was handed share"
+        found = (
+            f"Found before training step {drawn + 1} of the epoch, from the batches each rank "
+            f"had been handed by its training step {drawn} (its sampler yields lazily: the "
+            "epoch is compared as it is drawn, at steps 2, 4, 8, ..., each before the next "
+            "step)."
+        )
     message = (
-        f"In epoch {epoch} of {loader} ({chain}, sharded by no DistributedSampler) the first "
-        f"batches the ranks are about to train on share {seen['shared']} samples ({firsts} "
-        "distinct samples each). An earlier epoch of this loader partitioned the data exactly, "
-        "and a partition never hands one sample to two ranks: the ranks now take their shares "
-        "of different orders, and this epoch duplicates some samples and drops others. Found "
-        "before the first training step, from each rank's first batch (its sampler yields "
-        "lazily: the rest of the epoch cannot be read ahead)."
+        f"In epoch {epoch} of {loader} ({chain}, sharded by no DistributedSampler) {what} "
+        f"{seen['shared']} samples ({firsts} distinct samples each). An earlier epoch of this "
+        "loader partitioned the data exactly, and a partition never hands one sample to two "
+        "ranks: the ranks now take their shares of different orders, and this epoch "
+        f"duplicates some samples and drops others. {found}"
     )
     return Finding(
         kind=fk.PARTITION_OVERLAP,
@@ -731,7 +749,8 @@ def first_batches_overlap(
         details={
             "loader": loader,
             "epoch": epoch,
-            "check": "observed-first-batches",
+            "check": "observed-first-batches" if drawn is None else "observed-so-far",
+            **({"batches": drawn} if drawn is not None else {}),
             "shared": seen["shared"],
             "per_rank": {str(r): n for r, n in seen["per_rank"].items()},
         },

@@ -775,13 +775,18 @@ def _ddp_model() -> Any:
 
 
 def _self_sharding(
-    ctx: Ctx, evaluator: int | None, global_draws: bool, n: int = N, lazy: bool = False
+    ctx: Ctx,
+    evaluator: int | None,
+    global_draws: bool,
+    n: int = N,
+    lazy: bool = False,
+    batch: int | None = None,
 ) -> Plan:
     model = _ddp_model()  # the ranks step together (accelerate's DDP, in lerobot)
     seed_all(42)
     ds = Items(n)
     sampler = (LazyRankShardSampler if lazy else RankShardSampler)(n, ctx.rank, ctx.world)
-    batch = 8 if lazy else 2
+    batch = batch or (8 if lazy else 2)
     loader = ctx.audited(lambda: DataLoader(ds, batch_size=batch, sampler=sampler))
     # every iteration of a DataLoader draws its workers' base seed from its generator: the
     # global one unless it has its own
@@ -807,6 +812,18 @@ def self_sharding_lazy_rank0_eval(ctx: Ctx) -> Plan:
     """The same harm, the sampler yielding lazily (batches of 8): only each rank's first batch
     is known before the first training step of epoch 1."""
     return _self_sharding(ctx, 0, True, lazy=True)
+
+
+def self_sharding_lazy_late_overlap(ctx: Ctx) -> Plan:
+    """The same harm, lazily yielded in batches of 2 of 64 samples: epoch 1's first batches
+    do not overlap (measured), later ones do; compared again as the epoch is drawn."""
+    return _self_sharding(ctx, 0, True, n=64, lazy=True, batch=2)
+
+
+def self_sharding_lazy_late_overlap_twin(ctx: Ctx) -> Plan:
+    """Its twin: rank 0's evaluation loader draws from a generator of its own, epoch 1 still
+    partitions; compared again as it is drawn, never an error."""
+    return _self_sharding(ctx, 0, False, n=64, lazy=True, batch=2)
 
 
 def self_sharding_rank0_eval_own_generator(ctx: Ctx) -> Plan:
@@ -1394,6 +1411,10 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario("self_sharding_rank0_eval", self_sharding_rank0_eval, True),
         Scenario("self_sharding_lazy_rank0_eval", self_sharding_lazy_rank0_eval, True),
+        Scenario("self_sharding_lazy_late_overlap", self_sharding_lazy_late_overlap, True),
+        Scenario(
+            "self_sharding_lazy_late_overlap_twin", self_sharding_lazy_late_overlap_twin, True
+        ),
         Scenario(
             "self_sharding_rank0_eval_own_generator", self_sharding_rank0_eval_own_generator, True
         ),
