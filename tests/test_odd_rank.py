@@ -10,7 +10,8 @@ after split_dataset_by_node (split by examples: the shuffle seed; split by shard
 each rank reads), the observed partition of loaders no known class shards (a sampler that
 shards itself, with the last rank alone evaluating between epochs; DDP with no sampler: every
 rank trains every sample; raised at the DDP module's first training forward of the corrupted
-epoch, before its step), each with its twin where no rank differs, and runs intact though a
+epoch, before its step; a lazily yielding one whose first batches are disjoint: compared as the
+epoch is drawn, raised at a later step), each with its twin where no rank differs, and runs intact though a
 rank's seed differs (reseeded alike after the block; shards that stay disjoint). Three
 torchrun launches: without rngaudit (the truth), with ``rngaudit.audit()`` around the set-up,
 and under ``RNGAUDIT=1`` (the window's check first, as a training script's only loader would be).
@@ -62,12 +63,15 @@ TWINS = [  # intact: no rank differs, or one's seed differs and the partition do
     "odd_stream_shard_seed_twin",
     "odd_reseeded_after_block",
     "odd_self_sharding_reseeded_after_block",
+    "odd_self_sharding_lazy_late_twin",
 ]
+# lazily yielded, first batches disjoint: compared as drawn, raised at a later training step
+AS_DRAWN = ["odd_self_sharding_lazy_late"]
 FIRST_FIVE = list(CORRUPTED)[:5]
 # the keyed streams first: the odd scenarios leave epochs to compare when the group goes
 ORDER = [
     *keyed_checks.ORDER, "odd_spawn_style", *TWINS[:1], *FIRST_FIVE[1:], *TWINS[1:5],
-    *list(CORRUPTED)[5:], *TWINS[5:],
+    *list(CORRUPTED)[5:], *TWINS[5:], *AS_DRAWN,
 ]  # fmt: skip
 
 pytestmark = pytest.mark.timeout(600)
@@ -147,6 +151,45 @@ def test_every_rank_gets_the_verdict_of_the_truth(
         else:
             assert not res["raised"], f"rank {rank}: {res.get('message')}"
             assert len(res["epochs"]) == len(plain_epochs)
+
+
+def _shared(batches: list[list[list[int]]], k: int) -> int:
+    """Samples in more than one rank's first ``k`` batches."""
+    counts: dict[int, int] = {}
+    for per_rank in batches:
+        for i in {i for b in per_rank[:k] for i in b}:
+            counts[i] = counts.get(i, 0) + 1
+    return sum(1 for n in counts.values() if n > 1)
+
+
+@pytest.mark.parametrize("how", ["block", "env"])
+def test_a_lazy_epoch_is_compared_as_it_is_drawn_and_every_rank_raises_at_the_measured_step(
+    runs: dict[str, Any], how: str
+) -> None:
+    """Three ranks, the last alone evaluating after epoch 0, a sampler that yields lazily:
+    epoch 1's first batches are disjoint (measured), so the group compares what each rank was
+    handed at training steps 2, 4, 8, ...; every rank raises before the step after the first
+    such count whose batches overlap beyond padding, measured without rngaudit."""
+    scenario = AS_DRAWN[0]
+    plain = [runs["none"][r][scenario] for r in range(NPROC)]
+    assert not _duplicated(runs, scenario, 0) and _duplicated(runs, scenario, 1)
+    batches = [[p["epochs"][1][i : i + 2] for i in range(0, len(p["epochs"][1]), 2)] for p in plain]
+    assert _shared(batches, 1) == 0  # the claim: the first batches are disjoint
+    due, total = 2, len(batches[0])
+    while due < total and _shared(batches, due) <= NPROC - 1:
+        due *= 2
+    assert due < total
+    for rank in range(NPROC):
+        res = runs[how][rank][scenario]
+        assert res["raised"] and res["raised_at"] == "epoch 1", res
+        assert res["steps_at_raise"] == due, (rank, res["steps_at_raise"], due)
+        assert res["epochs"] == plain[rank]["epochs"][:1]
+        assert "partition-overlap" in res["kinds"]
+        shared = _shared(batches, due)
+        assert (
+            f"the first {due} batches each rank was handed share {shared} samples"
+            in (res["message"])
+        )
 
 
 @pytest.mark.parametrize("how", ["block", "env"])

@@ -1031,6 +1031,16 @@ def odd_self_sharding_eval_twin(ctx: Ctx) -> Plan:
     return _self_sharding(ctx, ctx.world - 1, False, N_ODD)
 
 
+def odd_self_sharding_lazy_late(ctx: Ctx) -> Plan:
+    """The last rank alone evaluates after epoch 0; the sampler yields lazily in batches of 2
+    of 192: epoch 1's first batches do not overlap (measured), later ones do."""
+    return _self_sharding(ctx, ctx.world - 1, True, n=192, lazy=True, batch=2)
+
+
+def odd_self_sharding_lazy_late_twin(ctx: Ctx) -> Plan:
+    return _self_sharding(ctx, ctx.world - 1, False, n=192, lazy=True, batch=2)
+
+
 def odd_ddp_shuffled_no_sampler(ctx: Ctx) -> Plan:
     return _no_sampler(ctx, True, N_ODD)
 
@@ -1446,6 +1456,8 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("unsynced_left_early", unsynced_left_early, True),
         Scenario("unsynced_single_epoch", unsynced_single_epoch, True),
         Scenario("odd_self_sharding_eval", odd_self_sharding_eval, True),
+        Scenario("odd_self_sharding_lazy_late", odd_self_sharding_lazy_late, True),
+        Scenario("odd_self_sharding_lazy_late_twin", odd_self_sharding_lazy_late_twin, True),
         Scenario("odd_self_sharding_eval_twin", odd_self_sharding_eval_twin, True),
         Scenario("odd_ddp_shuffled_no_sampler", odd_ddp_shuffled_no_sampler, True),
         Scenario("odd_ddp_self_shard_twin", odd_ddp_self_shard_twin, True),
