@@ -13,8 +13,9 @@ rank trains every sample; raised at the DDP module's first training forward of t
 epoch, before its step; a lazily yielding one whose first batches are disjoint: compared as the
 epoch is drawn, raised at a later step), each with its twin where no rank differs, and runs
 intact though a rank's seed differs (reseeded alike after the block; shards that stay
-disjoint). Three torchrun launches: without rngaudit (the truth), with ``rngaudit.audit()`` around the set-up,
-and under ``RNGAUDIT=1`` (the window's check first, as a training script's only loader would be).
+disjoint). Three torchrun launches: without rngaudit (the truth), with ``rngaudit.audit()``
+around the set-up, and under ``RNGAUDIT=1`` (the window's check first, as a training script's
+only loader would be).
 """
 
 from __future__ import annotations
