@@ -53,7 +53,7 @@ def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
         "_counts": {},
         "_given_up": set(),
         "DECIDED": set(),
-        "_following": weakref.WeakKeyDictionary(),
+        "_following": {},
     }
     for name, value in state.items():
         monkeypatch.setattr(first_step, name, value)
@@ -288,3 +288,31 @@ def test_a_followed_epoch_that_cannot_be_read_so_far_is_dropped_at_once(
     _train_step(module)
     assert first_step.following() == [] and len(module._forward_pre_hooks) == 0
     assert not tape.closed
+
+
+def test_a_followed_module_can_be_saved_and_copied_mid_epoch_and_its_copy_follows_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``torch.save(model)`` or ``copy.deepcopy(model)`` (an EMA copy) while an epoch is
+    followed: the hook pickles by name and carries no state; the copy's forwards are not
+    counted, the original's are."""
+    import copy
+    import io
+
+    Ranks(monkeypatch, 2)
+    guard = Guard()
+    module = _module([0, 1])
+    _, tape = _followed(guard, module)
+    buffer = io.BytesIO()
+    torch.save(module, buffer)
+    twin = copy.deepcopy(module)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    for other in (twin, loaded):
+        _train_step(other)
+    [f] = first_step.following()
+    assert f.forwards == 1  # neither copy's forward was counted
+    _train_step(module)
+    assert f.forwards == 2
+    first_step.unfollow(tape)
+    assert len(module._forward_pre_hooks) == 0

@@ -19,7 +19,6 @@ starts of a loader every rank of the group trained on together at an earlier ren
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import logging
 import sys
@@ -208,8 +207,11 @@ class Follow:
     compare_at: int = 0  # the forward at which the records published last are compared
 
 
-# module -> (its counting hook's handle, the epochs it follows); the list is the hook's own
-_following: weakref.WeakKeyDictionary[Any, tuple[Any, list[Follow]]] = weakref.WeakKeyDictionary()
+# id(module) -> (the module, weakly; its counting hook's handle; the epochs it follows). The
+# hook is a plain function (a module pickled or deep-copied mid-epoch carries nothing of ours
+# but its name; a copy follows nothing).
+_following: dict[int, tuple[Any, Any, list[Follow]]] = {}
+_grad_enabled: list[Any] = []  # torch.is_grad_enabled, once torch is there
 
 
 def follow(item: Started, module: Any) -> None:
@@ -218,43 +220,47 @@ def follow(item: Started, module: Any) -> None:
     follows no epoch); never raises."""
     with contextlib.suppress(Exception):
         ranks = _group(module)
-        grad_enabled = sys.modules["torch"].is_grad_enabled
         with _lock:
-            entry = _following.get(module)
-            if entry is None:
-                follows: list[Follow] = []
-                hook = functools.partial(_follow_hook, follows, grad_enabled)
-                entry = (module.register_forward_pre_hook(hook, prepend=True), follows)
-                _following[module] = entry
-            entry[1].append(Follow(item, _group_key(ranks), ranks))
+            if not _grad_enabled:
+                _grad_enabled.append(sys.modules["torch"].is_grad_enabled)
+            entry = _following.get(id(module))
+            if entry is None or entry[0]() is not module:
+                handle = module.register_forward_pre_hook(_follow_hook, prepend=True)
+                entry = (weakref.ref(module), handle, [])
+                _following[id(module)] = entry
+            entry[2].append(Follow(item, _group_key(ranks), ranks))
 
 
 def following() -> list[Follow]:
     """Every epoch followed now, on any module."""
     with _lock:
-        return [f for _, follows in list(_following.values()) for f in follows]
+        return [f for _, _, follows in list(_following.values()) for f in follows]
 
 
 def unfollow(tape: Any) -> None:
     """``tape``'s epoch ended or was left: not compared again at a forward (its end is)."""
     with _lock:
-        for module, (_, follows) in list(_following.items()):
+        for key, (_, _, follows) in list(_following.items()):
             follows[:] = [f for f in follows if f.item.tape() not in (None, tape)]
-            _unhook_idle(module)
+            _unhook_idle(key)
 
 
-def _unhook_idle(module: Any) -> None:
-    """Remove ``module``'s counting hook when it follows no epoch (with the lock held)."""
-    entry = _following.get(module)
-    if entry is not None and not entry[1]:
-        del _following[module]
+def _unhook_idle(key: int) -> None:
+    """Remove a module's counting hook when it follows no epoch or is gone (lock held)."""
+    entry = _following.get(key)
+    if entry is not None and (not entry[2] or entry[0]() is None):
+        del _following[key]
         with contextlib.suppress(Exception):
-            entry[0].remove()
+            entry[1].remove()
 
 
-def _follow_hook(follows: list[Follow], grad_enabled: Any, module: Any, args: Any) -> None:
-    if module.training is not True or not grad_enabled():
-        return  # an evaluation forward: not counted
+def _follow_hook(module: Any, args: Any) -> None:
+    entry = _following.get(id(module))
+    if entry is None or module.training is not True or not _grad_enabled[0]():
+        return  # not a followed module (a copy), or an evaluation forward: not counted
+    if entry[0]() is not module:
+        return
+    follows = entry[2]
     due = False
     for f in follows:
         f.forwards += 1
@@ -270,7 +276,7 @@ def _advance(module: Any, follows: list[Follow]) -> None:
     with _lock:
         follows[:] = [f for f in follows if _drawing(f.item)]
         mine = list(follows)
-        _unhook_idle(module)
+        _unhook_idle(id(module))
     for f in mine:
         if f.forwards == f.compare_at:
             _compare_so_far(module, f, f.compare_at - 1)  # may raise: the verdict
@@ -337,11 +343,11 @@ def _compare_so_far(module: Any, f: Follow, forwards: int) -> None:
 
 def _drop(module: Any, f: Follow) -> None:
     with _lock:
-        entry = _following.get(module)
+        entry = _following.get(id(module))
         if entry is not None:
             with contextlib.suppress(ValueError):
-                entry[1].remove(f)
-            _unhook_idle(module)
+                entry[2].remove(f)
+            _unhook_idle(id(module))
 
 
 def _drawing(item: Started) -> bool:
