@@ -776,9 +776,7 @@ class EpochGuard:
             if finding is not None and unlike:
                 finding = order_rules.content_differs(finding)
             if finding is not None:
-                found.append(finding)
-                first_step.DECIDED.add((epoch.key, epoch.epoch))
-                epoch.watch.session.add_check(label, found)
+                found = _decided_early(epoch, label, finding)
         except Exception:
             log.warning("rngaudit: the first-step comparison could not compare", exc_info=True)
         _act(found, epoch.watch, label)
@@ -797,9 +795,7 @@ class EpochGuard:
                 published, epoch.label, epoch.chain, epoch.epoch, drawn=forwards
             )
             if finding is not None:
-                found.append(finding)
-                first_step.DECIDED.add((epoch.key, epoch.epoch))
-                epoch.watch.session.add_check(label, found)
+                found = _decided_early(epoch, label, finding)
         except Exception:
             log.warning("rngaudit: the observed partition could not compare", exc_info=True)
         _act(found, epoch.watch, label)
@@ -1391,6 +1387,14 @@ class EpochGuard:
         except Exception:
             log.warning("rngaudit: could not write the order check's report", exc_info=True)
         return found
+
+
+def _decided_early(epoch: observed.Epoch, label: str, finding: Finding) -> list[Finding]:
+    """A finding on an epoch before its end: filed in the report, and the epoch's end does not
+    judge it again."""
+    first_step.DECIDED.add((epoch.key, epoch.epoch))
+    epoch.watch.session.add_check(label, [finding])
+    return [finding]
 
 
 def _planned(

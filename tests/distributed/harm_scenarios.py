@@ -389,13 +389,15 @@ class YieldFromGlobalShuffleDistributedSampler(DistributedSampler[int]):
         yield from perm[self.rank : self.total_size : self.num_replicas]
 
 
-def ds_subclass_yield_from_global_shuffle(ctx: Ctx) -> Plan:
+def _per_rank_subclass(ctx: Ctx, sampler: type[DistributedSampler[int]]) -> Plan:
+    """Per-rank global seeds; the subclass draws its order from them."""
     seed_all(100 + ctx.rank)
     ds = Items(N)
-    loader = ctx.audited(
-        lambda: DataLoader(ds, batch_size=2, sampler=YieldFromGlobalShuffleDistributedSampler(ds))
-    )
-    return Plan(loader)
+    return Plan(ctx.audited(lambda: DataLoader(ds, batch_size=2, sampler=sampler(ds))))
+
+
+def ds_subclass_yield_from_global_shuffle(ctx: Ctx) -> Plan:
+    return _per_rank_subclass(ctx, YieldFromGlobalShuffleDistributedSampler)
 
 
 class LazyGlobalShuffleDistributedSampler(DistributedSampler[int]):
@@ -409,12 +411,7 @@ class LazyGlobalShuffleDistributedSampler(DistributedSampler[int]):
 
 
 def ds_subclass_lazy_global_shuffle(ctx: Ctx) -> Plan:
-    seed_all(100 + ctx.rank)
-    ds = Items(N)
-    loader = ctx.audited(
-        lambda: DataLoader(ds, batch_size=2, sampler=LazyGlobalShuffleDistributedSampler(ds))
-    )
-    return Plan(loader)
+    return _per_rank_subclass(ctx, LazyGlobalShuffleDistributedSampler)
 
 
 class OwnShareOrderDistributedSampler(DistributedSampler[int]):
