@@ -316,3 +316,35 @@ def test_a_followed_module_can_be_saved_and_copied_mid_epoch_and_its_copy_follow
     assert f.forwards == 2
     first_step.unfollow(tape)
     assert len(module._forward_pre_hooks) == 0
+
+
+def test_a_compiled_module_followed_is_not_recompiled_at_every_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under ``torch.compile`` the counting hook is not traced (a traced count would be
+    guarded on: a recompile at every step until dynamo gives up on the module): its forwards
+    are counted, and the module compiles as often as it does without rngaudit."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    def frames(module: torch.nn.Module) -> int:
+        torch._dynamo.reset()
+        counters.clear()
+        compiled = torch.compile(module, backend="eager")
+        for _ in range(10):
+            compiled(torch.ones(1, 2)).sum().backward()
+        return int(counters["stats"]["unique_graphs"])
+
+    Ranks(monkeypatch, 2)
+    plain = frames(torch.nn.Linear(2, 2))
+    guard = Guard()
+    module = _module([0, 1])
+    _, tape = _followed(guard, module)
+    [f] = first_step.following()
+    f.due = 1 << 40  # never due here: only the count
+    try:
+        assert frames(module) <= plain + 1  # the hook's one graph break at most
+        assert f.forwards == 11
+    finally:
+        first_step.unfollow(tape)
+        torch._dynamo.reset()

@@ -225,7 +225,7 @@ def follow(item: Started, module: Any) -> None:
                 _grad_enabled.append(sys.modules["torch"].is_grad_enabled)
             entry = _following.get(id(module))
             if entry is None or entry[0]() is not module:
-                handle = module.register_forward_pre_hook(_follow_hook, prepend=True)
+                handle = module.register_forward_pre_hook(_uncompiled_hook(), prepend=True)
                 entry = (weakref.ref(module), handle, [])
                 _following[id(module)] = entry
             entry[2].append(Follow(item, _group_key(ranks), ranks))
@@ -252,6 +252,20 @@ def _unhook_idle(key: int) -> None:
         del _following[key]
         with contextlib.suppress(Exception):
             entry[1].remove()
+
+
+def _uncompiled_hook() -> Any:
+    """The counting hook, kept out of ``torch.compile``'s tracing: traced, its count would be
+    guarded on and the module recompiled at every step until dynamo gives up on it. The
+    disabled wrapper replaces the function under its own name (so a module holding it still
+    pickles by reference)."""
+    hook = globals()["_follow_hook"]
+    if not getattr(hook, "_rngaudit_uncompiled", False):
+        with contextlib.suppress(Exception):
+            hook = sys.modules["torch"].compiler.disable(hook)
+            hook._rngaudit_uncompiled = True
+            globals()["_follow_hook"] = hook
+    return hook
 
 
 def _follow_hook(module: Any, args: Any) -> None:
