@@ -4,8 +4,8 @@ A loader no known class shards may be iterated by one rank alone (a rank-0-only 
 no rank waits at its first batch. The ranks of a data-parallel group do meet at every training
 forward of their ``DistributedDataParallel`` / FSDP module, so that is where they compare: while
 an observed epoch has started and not been compared, a one-shot forward pre-hook is armed on
-the data-parallel modules (removed when it fires: nothing of rngaudit stays on the per-forward
-path). At the module's next forward in training mode with gradients enabled, each rank of its
+the data-parallel modules (inert once it fires, and removed between forwards: a hook removed
+inside a forward keeps ``torch.compile`` from compiling the module). At the module's next forward in training mode with gradients enabled, each rank of its
 group publishes the epochs it started and is still drawing (their first index batch, its
 content's digest and the whole epoch when it could be read ahead) and, when it has any, waits
 for the others (a timeout is a warning, and ends these rendezvous for that group); the epochs
@@ -70,12 +70,43 @@ def _group_key(ranks: list[int]) -> str:
     return hashlib.blake2b(text.encode(), digest_size=6).hexdigest()
 
 
+# (the module, weakly; its hook's handle) of hooks that fired or went idle: removed outside a
+# forward, unless an epoch followed on that module takes the handle over first
+_spent: list[tuple[Any, Any]] = []
+
+
+def _sweep() -> None:
+    """Remove the hooks that fired or follow nothing (with the lock held; never inside a
+    forward: a hook removed while ``torch.compile`` traces the module's call keeps dynamo
+    from ever compiling it, measured)."""
+    for key in list(_following):
+        entry = _following[key]
+        if not entry[2] or entry[0]() is None:
+            del _following[key]
+            _spent.append((entry[0], entry[1]))
+    while _spent:
+        with contextlib.suppress(Exception):
+            _spent.pop()[1].remove()
+
+
+def sweep() -> None:
+    """The hooks that fired or went idle, removed (at an epoch's end or left, or a new epoch's
+    first index batch: outside any forward)."""
+    with _lock:
+        _sweep()
+
+
 def _arm(module: Any) -> None:
     """The one-shot hook on ``module`` (with the lock held); never raises."""
+    _sweep()  # a spent hook of the module's last rendezvous goes first: one hook a module
     if module in _hooks or _group_key(_group(module)) in _given_up:
         return
+    entry = _following.get(id(module))
+    if entry is not None and entry[0]() is module:
+        _hooks[module] = None  # the hook counting its forwards meets there too: one hook
+        return
     try:
-        _hooks[module] = module.register_forward_pre_hook(_hook, prepend=True)
+        _hooks[module] = module.register_forward_pre_hook(_uncompiled("_hook"), prepend=True)
     except Exception:
         log.debug("rngaudit: could not arm the first-step check", exc_info=True)
 
@@ -95,6 +126,7 @@ def started(item: Started) -> None:
     """An observed epoch's first index batch was drawn: kept for the group's next training
     forward (the modules armed again when every rank trained this loader together before)."""
     with _lock:
+        _sweep()
         _pending.append(item)
         del _pending[:-MAX_PENDING]
         tape = item.tape()
@@ -123,11 +155,22 @@ def fields(tape: Any) -> dict[str, Any]:
 
 
 def _hook(module: Any, args: Any) -> None:
+    """The one hook rngaudit puts on a data-parallel module: at its training forwards, the
+    epochs followed on it counted (published or compared when due) and, while armed, the
+    rendezvous; otherwise inert until removed (outside a forward)."""
+    entry = _following.get(id(module))
+    follows = entry[2] if entry is not None and entry[0]() is module else None
+    armed = module in _hooks
+    if not follows and not armed:
+        return  # fired, idle, or a copy of a module that carries it: inert
     torch = sys.modules.get("torch")
     if torch is None or not torch.is_grad_enabled() or module.training is not True:
-        return  # an evaluation forward: stay armed
-    with RECORDER.paused():
-        _rendezvous(module)
+        return  # an evaluation forward: not counted, stay armed
+    if follows:
+        _count(module, follows)  # may raise: an epoch followed found corrupted
+    if armed:
+        with RECORDER.paused():
+            _rendezvous(module)
 
 
 def _rendezvous(module: Any) -> None:
@@ -136,8 +179,9 @@ def _rendezvous(module: Any) -> None:
     with _lock:
         for other in list(_hooks.keys()):  # one rendezvous per group and arming
             if _group_key(_group(other)) == key:
-                with contextlib.suppress(Exception):
-                    _hooks.pop(other).remove()
+                handle = _hooks.pop(other)
+                if handle is not None:  # (None: the counting hook's, kept)
+                    _spent.append((weakref.ref(other), handle))  # removed later
                 _fired.add(other)
         _fired.add(module)
         n = _counts.get(key, 0)
@@ -211,21 +255,24 @@ class Follow:
 # hook is a plain function (a module pickled or deep-copied mid-epoch carries nothing of ours
 # but its name; a copy follows nothing).
 _following: dict[int, tuple[Any, Any, list[Follow]]] = {}
-_grad_enabled: list[Any] = []  # torch.is_grad_enabled, once torch is there
 
 
 def follow(item: Started, module: Any) -> None:
-    """Compare ``item``'s epoch again at later training forwards of ``module`` (a forward
-    pre-hook that counts them: a few attribute reads a forward; removed when the module
-    follows no epoch); never raises."""
+    """Compare ``item``'s epoch again at later training forwards of ``module``: the hook that
+    just fired there (taken back from the spent ones: nothing is added or removed inside the
+    forward) counts them, a few attribute reads a forward, until the module follows no epoch;
+    never raises."""
     with contextlib.suppress(Exception):
         ranks = _group(module)
         with _lock:
-            if not _grad_enabled:
-                _grad_enabled.append(sys.modules["torch"].is_grad_enabled)
             entry = _following.get(id(module))
             if entry is None or entry[0]() is not module:
-                handle = module.register_forward_pre_hook(_uncompiled_hook(), prepend=True)
+                mine = [s for s in _spent if s[0]() is module]
+                if mine:
+                    _spent.remove(mine[0])
+                    handle = mine[0][1]
+                else:  # not armed here (called outside a forward)
+                    handle = module.register_forward_pre_hook(_uncompiled("_hook"), prepend=True)
                 entry = (weakref.ref(module), handle, [])
                 _following[id(module)] = entry
             entry[2].append(Follow(item, _group_key(ranks), ranks))
@@ -238,43 +285,32 @@ def following() -> list[Follow]:
 
 
 def unfollow(tape: Any) -> None:
-    """``tape``'s epoch ended or was left: not compared again at a forward (its end is)."""
+    """``tape``'s epoch ended or was left: not compared again at a forward (its end is); the
+    hooks that fired or follow nothing are removed (this is outside any forward)."""
     with _lock:
-        for key, (_, _, follows) in list(_following.items()):
+        for _, _, follows in list(_following.values()):
             follows[:] = [f for f in follows if f.item.tape() not in (None, tape)]
-            _unhook_idle(key)
+        _sweep()
 
 
-def _unhook_idle(key: int) -> None:
-    """Remove a module's counting hook when it follows no epoch or is gone (lock held)."""
-    entry = _following.get(key)
-    if entry is not None and (not entry[2] or entry[0]() is None):
-        del _following[key]
-        with contextlib.suppress(Exception):
-            entry[1].remove()
-
-
-def _uncompiled_hook() -> Any:
-    """The counting hook, kept out of ``torch.compile``'s tracing: traced, its count would be
-    guarded on and the module recompiled at every step until dynamo gives up on it. The
-    disabled wrapper replaces the function under its own name (so a module holding it still
-    pickles by reference)."""
-    hook = globals()["_follow_hook"]
+def _uncompiled(name: str) -> Any:
+    """This module's hook ``name``, kept out of ``torch.compile``'s tracing: traced, a hook
+    that waits on the store or counts forwards breaks the graph at the module's call (dynamo
+    then ran the module eagerly from that forward on: measured) or is guarded on (a recompile
+    at every step). The disabled wrapper replaces the function under its own name, so a module
+    holding it still pickles by reference."""
+    hook = globals()[name]
     if not getattr(hook, "_rngaudit_uncompiled", False):
         with contextlib.suppress(Exception):
             hook = sys.modules["torch"].compiler.disable(hook)
             hook._rngaudit_uncompiled = True
-            globals()["_follow_hook"] = hook
+            globals()[name] = hook
     return hook
 
 
-def _follow_hook(module: Any, args: Any) -> None:
-    entry = _following.get(id(module))
-    if entry is None or module.training is not True or not _grad_enabled[0]():
-        return  # not a followed module (a copy), or an evaluation forward: not counted
-    if entry[0]() is not module:
-        return
-    follows = entry[2]
+def _count(module: Any, follows: list[Follow]) -> None:
+    """A training forward of a module that follows epochs: counted; published or compared
+    when due."""
     due = False
     for f in follows:
         f.forwards += 1
@@ -289,8 +325,7 @@ def _advance(module: Any, follows: list[Follow]) -> None:
     compared; an epoch found corrupted raises here, before the step."""
     with _lock:
         follows[:] = [f for f in follows if _drawing(f.item)]
-        mine = list(follows)
-        _unhook_idle(id(module))
+        mine = list(follows)  # an idle hook stays, inert, until swept outside a forward
     for f in mine:
         if f.forwards == f.compare_at:
             _compare_so_far(module, f, f.compare_at - 1)  # may raise: the verdict
@@ -360,8 +395,7 @@ def _drop(module: Any, f: Follow) -> None:
         entry = _following.get(id(module))
         if entry is not None:
             with contextlib.suppress(ValueError):
-                entry[2].remove(f)
-            _unhook_idle(id(module))
+                entry[2].remove(f)  # the hook, idle, is swept outside a forward
 
 
 def _drawing(item: Started) -> bool:

@@ -529,6 +529,7 @@ class EpochGuard:
             state.pop("_rngaudit_planned", None)
             source = state.get("_sampler_iter")  # before a tee replaces it
             with RECORDER.paused():
+                first_step.sweep()  # the first-step hooks that fired: removed between forwards
                 self._left_before(instance)
                 if self.later:
                     self._compare_later()
