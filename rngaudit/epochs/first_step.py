@@ -5,10 +5,11 @@ no rank waits at its first batch. The ranks of a data-parallel group do meet at 
 forward of their ``DistributedDataParallel`` / FSDP module, so that is where they compare: while
 an observed epoch has started and not been compared, a one-shot forward pre-hook is armed on
 the data-parallel modules (inert once it fires, and removed between forwards: a hook removed
-inside a forward keeps ``torch.compile`` from compiling the module). At the module's next forward in training mode with gradients enabled, each rank of its
-group publishes the epochs it started and is still drawing (their first index batch, its
-content's digest and the whole epoch when it could be read ahead) and, when it has any, waits
-for the others (a timeout is a warning, and ends these rendezvous for that group); the epochs
+inside a forward keeps ``torch.compile`` from compiling the module). At the module's next
+forward in training mode with gradients enabled, each rank of its group publishes the epochs
+it started and is still drawing (their first index batch, its content's digest and the whole
+epoch when it could be read ahead) and, when it has any, waits for the others (a timeout is a
+warning, and ends these rendezvous for that group); the epochs
 every rank published are compared, the others (one rank's evaluation loader) are not.
 
 Every rank must fire at the same forward: a module is armed from when it is noted until its
