@@ -295,10 +295,9 @@ def unfollow(tape: Any) -> None:
 
 
 def _uncompiled(name: str) -> Any:
-    """This module's hook ``name``, kept out of ``torch.compile``'s tracing: traced, a hook
-    that waits on the store or counts forwards breaks the graph at the module's call (dynamo
-    then ran the module eagerly from that forward on: measured) or is guarded on (a recompile
-    at every step). The disabled wrapper replaces the function under its own name, so a module
+    """This module's hook ``name``, kept out of ``torch.compile``'s tracing: traced, the count
+    of forwards is guarded on (a recompile at every step until dynamo gives up on the module,
+    measured). The disabled wrapper replaces the function under its own name, so a module
     holding it still pickles by reference."""
     hook = globals()[name]
     if not getattr(hook, "_rngaudit_uncompiled", False):
