@@ -104,6 +104,24 @@ def done(tape: Any) -> None:
             finalizer.detach()
 
 
+def _handed(tape: Any, left: Left) -> list[Any] | None:
+    """The index batches handed to the loop since ``tape``'s last fold, read without moving
+    anything: on the teed path from the other branch's buffer (a copy of the branch: it stays
+    put), else the tape's pending list; those drawn ahead of the loop left out. None when that
+    cannot be told (a batch drawn ahead was folded already, the count unreadable)."""
+    if left.second is not None:  # teed: the current segment is in the other branch
+        count = _counted(left.counter)
+        if count is None:
+            return None
+        held = list(itertools.islice(copy.copy(left.second), count))
+    else:
+        held = list(tape.pending)
+    handed = tape.batches + len(held) - int(left.ahead or 0)
+    if handed < tape.batches:
+        return None
+    return held[: handed - tape.batches]
+
+
 def fold(tape: Any) -> dict[str, Any] | None:
     """The summary of what this rank was handed of ``tape``'s epoch, which it left before its
     end, marked partial (``batches``: the index batches it was handed; ``length``: the
@@ -115,18 +133,11 @@ def fold(tape: Any) -> dict[str, Any] | None:
     summary: dict[str, Any] = {"known": False}
     try:
         if isinstance(left, Left) and left.ahead is not None and tape.known:
-            if left.second is not None:  # teed: the current segment is in the other branch
-                count = _counted(left.counter)  # a copy reads the buffer: the branch stays put
-                held = (
-                    None if count is None else list(itertools.islice(copy.copy(left.second), count))
-                )
-            else:
-                held, tape.pending = tape.pending, []
-            if held is not None:
-                handed = tape.batches + len(held) - left.ahead
-                if handed >= tape.batches:  # no batch drawn ahead was folded already
-                    tape.take(held[: handed - tape.batches])
-                    summary = tape.summary()
+            handed = _handed(tape, left)
+            if handed is not None:
+                tape.pending = []  # in ``handed``, or drawn ahead: never folded
+                tape.take(handed)
+                summary = tape.summary()
     except Exception:
         log.debug("rngaudit: could not fold an epoch left early", exc_info=True)
         summary = {"known": False}
@@ -150,20 +161,13 @@ def snapshot(tape: Any) -> dict[str, Any] | None:
     if not isinstance(left, Left) or left.ahead is None:
         return None
     try:
-        if left.second is not None:
-            count = _counted(left.counter)
-            if count is None:
-                return None
-            held = list(itertools.islice(copy.copy(left.second), count))
-        else:
-            held = list(tape.pending)
-        handed = tape.batches + len(held) - left.ahead
-        if handed < tape.batches:
-            return None  # a batch drawn ahead of the loop was folded already
+        handed = _handed(tape, left)
+        if handed is None:
+            return None
         part = partition.Tape(tape.maps, tape.root_size)
         part.seen = tape.seen.copy()
         part.taken, part.batches = tape.taken, tape.batches
-        part.take(held[: handed - tape.batches])
+        part.take(handed)
         summary: dict[str, Any] = part.summary()
     except Exception:
         log.debug("rngaudit: could not read an epoch so far", exc_info=True)
