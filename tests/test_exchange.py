@@ -137,6 +137,54 @@ def test_a_wait_left_on_ctrl_c_leaves_no_thread_inside_the_store() -> None:
     assert decision["kind"] == "interrupted"
 
 
+class _CtrlCAtCall:
+    """A real in-process store on which Ctrl-C arrives right after the ``at``-th store call
+    the main thread makes (its effect done), wherever in the exchange that falls."""
+
+    def __init__(self, at: int) -> None:
+        import threading
+
+        import torch.distributed as dist
+
+        self.real = dist.HashStore()  # type: ignore[attr-defined]
+        self.at, self.calls, self.main = at, 0, threading.get_ident()
+
+    def __getattr__(self, name: str) -> Any:
+        import threading
+
+        method = getattr(self.real, name)
+        if threading.get_ident() != self.main:  # the waiter's thread: never interrupted
+            return method
+
+        def call(*args: Any) -> Any:
+            value = method(*args)
+            self.calls += 1
+            if self.calls == self.at:
+                self.at = -1
+                raise KeyboardInterrupt
+            return value
+
+        return call
+
+
+@pytest.mark.parametrize("at", range(1, 10))
+def test_ctrl_c_anywhere_in_the_exchange_tells_the_other_rank_at_once(at: int) -> None:
+    # CI saw the other rank told nothing when Ctrl-C fell between the arrival and the wait
+    import time
+
+    store = _CtrlCAtCall(at)
+    key = exchange.audit_key("audit at train.py:5", 0)
+    info = {"label": "audit at train.py:5", "mode": "raise", "raised": None}
+    with pytest.raises(KeyboardInterrupt):
+        exchange.exchange_on(exchange.Seat(store, 0, 2), {"signature": "s"}, key, 3.0, info)
+    start = time.monotonic()
+    seat = exchange.Seat(store.real, 1, 2)
+    other = exchange.exchange_on(seat, {"signature": "s"}, key, 30.0, info)
+    assert (other.kind, other.interrupted) == ("interrupted", [0])
+    assert time.monotonic() - start < 2.0  # told, not left to time out
+    assert int(store.real.add(exchange.WAITING, 0)) == 0  # nobody counted as still waiting
+
+
 def test_the_launchers_rank_and_world_size_are_read_once_and_never_raise() -> None:
     assert exchange.launched_rank({"RANK": "3"}) == 3
     assert exchange.launched_world_size({"WORLD_SIZE": "8"}) == 8

@@ -364,7 +364,6 @@ def publish(
     arrival = dict(info, signature=signature, holds=holds)
     store.set(keys.arrival(rank), json.dumps(arrival, sort_keys=True))  # after the record
     store.set(_position(rank), json.dumps({"key": key, "label": info.get("label", "")}))
-    store.add(WAITING, 1)
     if store.add(keys.count, 1) == world:
         store.set(keys.all, b"1")
     return written
@@ -426,6 +425,11 @@ def exchange_on(
         if store_lost(exc):
             raise unreachable(rank, exc) from None
         raise
+    except BaseException as leaving_now:  # Ctrl-C while publishing or before the wait began:
+        # the others are told, not left to time out (:func:`collect` decides the same inside)
+        with contextlib.suppress(Exception):
+            _decide(store, _Keys(key), _interrupted(rank, leaving(leaving_now)))
+        raise
 
 
 def collect(
@@ -446,6 +450,7 @@ def collect(
     keys = _Keys(key)
     pending = PENDING.setdefault((id(store), rank), Pending())
     try:
+        store.add(WAITING, 1)  # inside: every way out of the wait counts this rank out again
         if leaving_as is not None:
             decision = _decide(store, keys, _interrupted(rank, leaving_as))
         else:
