@@ -35,9 +35,14 @@ class Guard:
         self.warned.append((epoch.key, missing, arrived, timeout))
 
     def _judge_so_far(
-        self, epoch: observed.Epoch, published: dict[int, dict[str, Any]], forwards: int
+        self,
+        epoch: observed.Epoch,
+        published: dict[int, dict[str, Any]],
+        forwards: int,
+        sharded_by: str | None = None,
     ) -> bool:
         self.so_far.append((epoch.key, forwards, published))
+        self.sharded_by = sharded_by
         return False
 
 
@@ -298,6 +303,67 @@ def test_a_followed_epoch_that_cannot_be_read_so_far_is_dropped_at_once(
     first_step.sweep()
     assert len(module._forward_pre_hooks) == 0
     assert not tape.closed
+
+
+def test_an_epoch_followed_from_its_first_batch_counts_at_the_armed_hook_one_hook_a_module(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A DistributedSampler subclass's lazy epoch is followed from its first batch (outside a
+    forward) on a module still armed for its first rendezvous: the one hook does both, the
+    first training forward counts as the epoch's first, and the verdict names the sampler."""
+    ranks = Ranks(monkeypatch, 2)
+    guard = Guard()
+    module = _module([0, 1])
+    first_step.noted(module)  # armed until its first training forward
+    tape = partition.Tape([], 8)
+    watch = Watch(Settings("raise", Path("r"), 30.0, False), None, True)
+    item = first_step.Started(  # not an observed epoch: nothing of it at the rendezvous
+        observed.Epoch("lazy", 1, "DataLoader(lazy)", "MySampler", watch),
+        weakref.ref(tape),
+        {"sharded_by": "MySampler (a DistributedSampler subclass)"},
+        guard,
+    )
+    tape.left = early.Left(ahead=0, length=8)
+    tape.add([0])
+    first_step.follow(item, module, forwards=0)
+    assert len(module._forward_pre_hooks) == 1  # one hook a module
+    _train_step(module)  # the rendezvous, and the epoch's 1st training forward
+    assert ranks.has(f"{_base([0, 1])}/0")
+    tape.add([1])
+    _train_step(module)  # its 2nd: published
+    assert ranks.get(f"{_so_far([0, 1], 2)}/0")["batches"] == 2
+    with ranks.playing(1):
+        mine = ranks.get(f"{_so_far([0, 1], 2)}/0")
+        ranks.store.set(f"{_so_far([0, 1], 2)}/1", exchange.encode(mine))
+    _train_step(module)  # its 3rd: compared
+    assert [(key, n) for key, n, _ in guard.so_far] == [("lazy", 2)]
+    assert guard.sharded_by == "MySampler (a DistributedSampler subclass)"
+    first_step.unfollow(tape)
+    assert len(module._forward_pre_hooks) == 0
+
+
+def test_a_module_armed_again_keeps_its_hook_when_the_epoch_it_followed_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A new epoch of a loader the group trained on together arms the module whose hook
+    counts a followed epoch (one hook); that epoch's end must not take the hook away before
+    the rendezvous it is armed for."""
+    ranks = Ranks(monkeypatch, 2)
+    guard = Guard()
+    module = _module([0, 1])
+    first_step.noted(module)
+    _train_step(module)  # its first rendezvous
+    _, tape = _followed(guard, module)
+    first_step._agreed.add("next")
+    _started(guard, "next", epoch=0)  # armed again, at the counting hook
+    first_step.unfollow(tape)  # the followed epoch ended (a sweep)
+    assert len(module._forward_pre_hooks) == 1
+    with ranks.playing(1):  # rank 1 trains no loader of its own: nothing to wait for
+        ranks.store.set(f"{_base([0, 1], 1)}/1", exchange.encode({"epochs": []}))
+    _train_step(module)
+    assert ranks.has(f"{_base([0, 1], 1)}/0")  # the rendezvous it was armed for took place
+    first_step.sweep()
+    assert len(module._forward_pre_hooks) == 0
 
 
 def test_a_followed_module_can_be_saved_and_copied_mid_epoch_and_its_copy_follows_nothing(

@@ -39,6 +39,7 @@ MUST_RAISE = {  # scenario -> first corrupted epoch
     "ds_subclass_global_shuffle": 0,
     "ds_subclass_lazy_global_shuffle": 0,
     "ds_subclass_yield_from_global_shuffle": 0,
+    "ds_subclass_lazy_global_shuffle_ddp": 0,
     "wrapper_random_split_per_rank": 0,
     "subset_reshuffled_in_place_on_rank0": 1,
     "stream_shard_device_seeds": 0,
@@ -76,7 +77,7 @@ AT_FIRST_STEP = {
 # A lazily yielding sampler of a loader that partitioned before, whose first batches do not
 # overlap: what each rank was handed is compared again at training steps 2, 4, 8, ..., each
 # before the next step.
-AS_DRAWN = {"self_sharding_lazy_late_overlap"}
+AS_DRAWN = {"self_sharding_lazy_late_overlap", "ds_subclass_lazy_global_shuffle_ddp"}
 MUST_STAY_CLEAN = [
     "ds_shared_seed_per_rank_global",
     "random_split_shared_generator",
@@ -88,6 +89,7 @@ MUST_STAY_CLEAN = [
     "hf_map_per_rank_augment",
     "ds_subclass_seeded_shuffle",
     "ds_subclass_own_share_per_rank_order",
+    "ds_subclass_lazy_own_share_ddp",
     "stream_shard_shared_seed",
     "hf_stream_shuffle_shared_seed",
     "hf_stream_split_by_shards_seed_per_rank",
@@ -335,14 +337,14 @@ def _batches(items: list[int], size: int) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("how", HOWS)
+@pytest.mark.parametrize("scenario", sorted(AS_DRAWN))
 def test_a_lazy_epoch_is_compared_as_it_is_drawn_at_the_measured_step(
-    runs: dict[str, Any], how: str
+    runs: dict[str, Any], how: str, scenario: str
 ) -> None:
     """Its first batches do not overlap (measured): what each rank was handed is published at
     training steps 2, 4, 8, ... and compared before the next; the raise comes before the step
     after the first such count whose batches overlap beyond padding, measured without
     rngaudit, with the measured count, and never later."""
-    scenario = "self_sharding_lazy_late_overlap"
     first = MUST_RAISE[scenario]
     plain = [_batches(runs["none"][r][scenario]["epochs"][first], 2) for r in range(NPROC)]
     total = len(plain[0])

@@ -130,6 +130,16 @@ def test_first_batches_of_different_permutations_overlapping_are_an_error() -> N
     finding = order_rules.first_batches_overlap(summaries, "L", "C", 1)
     assert finding is not None and finding.severity == "error"
     assert f"share {seen['shared']} samples" in finding.message
+    assert "sharded by no DistributedSampler" in finding.message
+    assert "An earlier epoch of this loader partitioned" in finding.message
+    by_subclass = order_rules.first_batches_overlap(
+        summaries, "L", "C", 1, drawn=4, sharded_by="Mine (a DistributedSampler subclass)"
+    )
+    assert by_subclass is not None and by_subclass.severity == "error"
+    assert "Its Mine (a DistributedSampler subclass) is there to partition" in by_subclass.message
+    assert "no DistributedSampler" not in by_subclass.message
+    assert "earlier epoch" not in by_subclass.message
+    assert "Found before training step 5 of the epoch" in by_subclass.message
 
 
 def test_the_same_indices_with_different_content_are_no_evidence() -> None:

@@ -77,14 +77,16 @@ _spent: list[tuple[Any, Any]] = []
 
 
 def _sweep() -> None:
-    """Remove the hooks that fired or follow nothing (with the lock held; never inside a
-    forward: a hook removed while ``torch.compile`` traces the module's call keeps dynamo
-    from ever compiling it, measured)."""
+    """Remove the hooks that fired or follow nothing and are not armed (with the lock held;
+    never inside a forward: a hook removed while ``torch.compile`` traces the module's call
+    keeps dynamo from ever compiling it, measured)."""
     for key in list(_following):
         entry = _following[key]
-        if not entry[2] or entry[0]() is None:
-            del _following[key]
-            _spent.append((entry[0], entry[1]))
+        module = entry[0]()
+        if module is not None and (entry[2] or module in _hooks):
+            continue  # still counting, or armed: its rendezvous is at this hook
+        del _following[key]
+        _spent.append((entry[0], entry[1]))
     while _spent:
         with contextlib.suppress(Exception):
             _spent.pop()[1].remove()
@@ -258,11 +260,13 @@ class Follow:
 _following: dict[int, tuple[Any, Any, list[Follow]]] = {}
 
 
-def follow(item: Started, module: Any) -> None:
+def follow(item: Started, module: Any, forwards: int = 1) -> None:
     """Compare ``item``'s epoch again at later training forwards of ``module``: the hook that
     just fired there (taken back from the spent ones: nothing is added or removed inside the
     forward) counts them, a few attribute reads a forward, until the module follows no epoch;
-    never raises."""
+    never raises. ``forwards``: the epoch's training forwards so far (0 when it is followed
+    from its first batch, outside a forward: the module's armed hook, if any, counts, else
+    one is added there)."""
     with contextlib.suppress(Exception):
         ranks = _group(module)
         with _lock:
@@ -272,11 +276,13 @@ def follow(item: Started, module: Any) -> None:
                 if mine:
                     _spent.remove(mine[0])
                     handle = mine[0][1]
+                elif _hooks.get(module) is not None:  # armed: its hook counts too (one hook)
+                    handle, _hooks[module] = _hooks[module], None
                 else:  # not armed here (called outside a forward)
                     handle = module.register_forward_pre_hook(_uncompiled("_hook"), prepend=True)
                 entry = (weakref.ref(module), handle, [])
                 _following[id(module)] = entry
-            entry[2].append(Follow(item, _group_key(ranks), ranks))
+            entry[2].append(Follow(item, _group_key(ranks), ranks, forwards=forwards))
 
 
 def following() -> list[Follow]:
@@ -382,7 +388,9 @@ def _compare_so_far(module: Any, f: Follow, forwards: int) -> None:
         return
     published = {r: exchange.decode(bytes(p)) for r, p in zip(f.ranks, payloads, strict=True)}
     try:
-        decided = f.item.guard._judge_so_far(f.item.epoch, published, forwards)
+        decided = f.item.guard._judge_so_far(
+            f.item.epoch, published, forwards, f.item.record.get("sharded_by")
+        )
     except BaseException:
         _drop(module, f)  # the verdict raised: never compared again
         raise

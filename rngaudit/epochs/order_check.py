@@ -654,6 +654,10 @@ class EpochGuard:
                 return None
             context = (watch, shard, sharding.chain_name(nodes), state.checks)
             tape = partition.Tape(mapping[0], mapping[1], context)
+            if sharding.has_own_iter(shard):  # its epoch may be compared as it is drawn
+                tape.left = early.Left(
+                    early.ahead(iterator), peek.size(peek.attr(iterator, "_index_sampler"))
+                )
             with self._lock:
                 self.tapes.add(tape)
             weakref.finalize(tape, self._dropped)  # an epoch never finished: stop waiting
@@ -784,16 +788,21 @@ class EpochGuard:
         return again
 
     def _judge_so_far(
-        self, epoch: observed.Epoch, published: dict[int, dict[str, Any]], forwards: int
+        self,
+        epoch: observed.Epoch,
+        published: dict[int, dict[str, Any]],
+        forwards: int,
+        sharded_by: str | None = None,
     ) -> bool:
-        """The verdict on a lazily read epoch of a loader that partitioned before, from what
+        """The verdict on a lazily read epoch of a loader that partitioned before (or that
+        ``sharded_by``, a DistributedSampler subclass, shards from draws that differ), from what
         every rank of the group had been handed by its ``forwards``-th training forward of it
         (the same on each rank); True when decided (a finding: raised or warned)."""
         found: list[Finding] = []
         label = f"observed partition of epoch {epoch.epoch} of {epoch.label} ({epoch.chain})"
         try:
             finding = order_rules.first_batches_overlap(
-                published, epoch.label, epoch.chain, epoch.epoch, drawn=forwards
+                published, epoch.label, epoch.chain, epoch.epoch, forwards, sharded_by
             )
             if finding is not None:
                 found = _decided_early(epoch, label, finding)
@@ -1226,9 +1235,14 @@ class EpochGuard:
             return
         watch, shard, chain, epoch = tape.context
         found: list[Finding] = []
+        first_step.unfollow(tape)
         with self._lock:
             state = self._state(shard)
         label = f"partition of epoch {epoch} of {state.label} ({chain})"
+        if (f"shard/{state.index}", epoch) in first_step.DECIDED:
+            with self._lock:  # found as it was drawn, on every rank: not judged again
+                self._maybe_uninstall()
+            return
         try:
             record: dict[str, Any] = {
                 "loader": state.label,
@@ -1316,6 +1330,8 @@ class EpochGuard:
         planned = (peek.attr(iterator, "__dict__") or {}).pop("_rngaudit_planned", None)
         found = self._exchange(record, watch, state, planned)
         del planned  # the epoch's list, kept only for this check
+        if any(f.details.get("shares") == "unread" for f in found):
+            self._follow_drawn(iterator, shard, state, record, watch)
         with self._lock:
             state.checks += 1
             state.previous = record
@@ -1323,6 +1339,49 @@ class EpochGuard:
                 del self.pending[shard]
                 self._maybe_uninstall()
         _act(found, watch, f"epoch {record['epoch']} of {record['loader']}")
+
+    def _follow_drawn(
+        self,
+        iterator: Any,
+        shard: Any,
+        state: _LoaderState,
+        record: schema.EpochRecord,
+        watch: Watch,
+    ) -> None:
+        """A DistributedSampler subclass drew its epoch from state that differs across ranks
+        and yields it lazily (its shares could not be read ahead, a warning): under the one
+        data-parallel module of the whole world, what each rank was handed is compared at its
+        training forwards 2, 4, 8, ... of the epoch (:func:`~rngaudit.epochs.first_step.follow`),
+        each before the next step; the epoch's end is the check without one. Every rank takes
+        this branch (the finding came from the same records); never raises."""
+        try:
+            tape = (peek.attr(iterator, "__dict__") or {}).get("_rngaudit_tape")
+            where = exchange.distributed()
+            if tape is None or tape.closed or where is None or not tape.known:
+                return
+            _arm_modules()
+            modules = list(observed._FOUND.values())
+            replicas = peek.integer(peek.attr(shard, "num_replicas"), -1)
+            if len(modules) != 1 or replicas != where[1]:
+                return  # which module's steps every rank takes is not known: the epoch's end
+            if first_step._group(modules[0]) != list(range(where[1])):
+                return
+            epoch = observed.Epoch(
+                f"shard/{state.index}", record["epoch"], state.label, record["chain"], watch
+            )
+            torch = sys.modules.get("torch")
+            item = first_step.Started(
+                epoch,
+                weakref.ref(tape),
+                {
+                    "training": bool(torch.is_grad_enabled()) if torch is not None else False,
+                    "sharded_by": f"{type(shard).__name__} (a DistributedSampler subclass)",
+                },
+                self,
+            )
+            first_step.follow(item, modules[0], forwards=0)
+        except Exception:
+            log.debug("rngaudit: could not follow the epoch as it is drawn", exc_info=True)
 
     def _record(
         self, iterator: Any, nodes: list[Any], shard: Any, state: _LoaderState

@@ -244,7 +244,9 @@ def planned_overlap(
     to be handed (each rank's whole epoch, read before its first batch): an overlap beyond
     padding is an error with the measured counts; shares that partition the data (a per-rank
     order of a fixed share) are no finding; shares that could not be read (a sampler that
-    yields lazily) leave a warning, and the epoch's end measures what the ranks were handed."""
+    yields lazily) leave a warning (``details["shares"] = "unread"``), and the epoch's end
+    measures what the ranks were handed (under DDP/FSDP also the training steps as they come:
+    :meth:`~rngaudit.epochs.order_check.EpochGuard._follow_drawn`)."""
     seen = partition.overlap(summaries) if complete else None
     out: list[Finding] = []
     for f in found:
@@ -260,6 +262,7 @@ def planned_overlap(
                 "the shares could not be read before the epoch (the sampler yields lazily), so "
                 "the partition check measures what each rank was handed at the epoch's end.",
             )
+            f.details["shares"] = "unread"  # under DDP/FSDP: also compared as they are drawn
             out.append(f)
             continue
         if not beyond_padding(seen, world):
@@ -707,13 +710,16 @@ def first_batches_overlap(
     chain: str,
     epoch: int,
     drawn: int | None = None,
+    sharded_by: str | None = None,
 ) -> Finding | None:
     """An error when the first batches the ranks are about to train on (root samples) overlap
     beyond padding, for a loader an earlier epoch of which partitioned the data exactly: a
     partition never hands one sample to two ranks, so the ranks now shard different orders.
     Used where the rest of the epoch cannot be read ahead (a sampler that yields lazily).
     ``drawn``: the summaries are what each rank had been handed by its ``drawn``-th training
-    forward of the epoch (compared at the next one), not its first batch."""
+    forward of the epoch (compared at the next one), not its first batch. ``sharded_by``: the
+    sampler class that shards the loader (a DistributedSampler subclass whose own ``__iter__``
+    drew from state that differs across ranks), the reason the overlap is harm instead."""
     world = len(summaries)
     seen = partition.overlap(summaries)
     if seen is None or not beyond_padding(seen, world):
@@ -733,12 +739,24 @@ def first_batches_overlap(
             "epoch is compared as it is drawn, at steps 2, 4, 8, ..., each before the next "
             "step)."
         )
+    if sharded_by is None:
+        where = f"{loader} ({chain}, sharded by no DistributedSampler)"
+        why = (
+            "An earlier epoch of this loader partitioned the data exactly, and a partition "
+            "never hands one sample to two ranks"
+        )
+    else:
+        where = f"{loader} ({chain})"
+        why = (
+            f"Its {sharded_by} is there to partition the data between the ranks, and a "
+            "partition never hands one sample to two ranks; its own __iter__ drew the order "
+            "from a generator whose state differs across ranks (the warning at the epoch's "
+            "first batch)"
+        )
     message = (
-        f"In epoch {epoch} of {loader} ({chain}, sharded by no DistributedSampler) {what} "
-        f"{seen['shared']} samples ({firsts} distinct samples each). An earlier epoch of this "
-        "loader partitioned the data exactly, and a partition never hands one sample to two "
-        "ranks: the ranks now take their shares of different orders, and this epoch "
-        f"duplicates some samples and drops others. {found}"
+        f"In epoch {epoch} of {where} {what} {seen['shared']} samples ({firsts} distinct "
+        f"samples each). {why}: the ranks now take their shares of different orders, and this "
+        f"epoch duplicates some samples and drops others. {found}"
     )
     return Finding(
         kind=fk.PARTITION_OVERLAP,

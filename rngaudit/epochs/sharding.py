@@ -31,6 +31,16 @@ def is_distributed_sampler(obj: Any) -> bool:
     return cls is not None and isinstance(obj, cls)
 
 
+def has_own_iter(obj: Any) -> bool:
+    """Whether ``obj`` is a DistributedSampler whose class has an ``__iter__`` of its own (a
+    subclass's order, which its seed and epoch do not fix)."""
+    dist_mod = sys.modules.get("torch.utils.data.distributed")
+    cls = getattr(dist_mod, "DistributedSampler", None)
+    if cls is None or not isinstance(obj, cls):
+        return False
+    return getattr(type(obj), "__iter__", None) is not getattr(cls, "__iter__", None)
+
+
 def _is_batch_sampler_shard(obj: Any) -> bool:
     acc = sys.modules.get("accelerate.data_loader")
     cls = getattr(acc, "BatchSamplerShard", None)

@@ -414,6 +414,39 @@ def ds_subclass_lazy_global_shuffle(ctx: Ctx) -> Plan:
     return _per_rank_subclass(ctx, LazyGlobalShuffleDistributedSampler)
 
 
+class LazyOwnShareDistributedSampler(DistributedSampler[int]):
+    """Correct: a fixed share per rank (``rank::world``), yielded index by index in an order
+    of the rank's own, drawn from the per-rank global generator: the draws differ, the shares
+    cannot be read ahead, the partition is intact."""
+
+    def __iter__(self) -> Iterator[int]:
+        share = list(range(self.rank, self.total_size, self.num_replicas))
+        for i in torch.randperm(len(share)).tolist():
+            yield share[i] % len(self.dataset)  # type: ignore[arg-type]
+
+
+def _lazy_subclass_ddp(ctx: Ctx, sampler: type[DistributedSampler[int]]) -> Plan:
+    """Per-rank global seeds under DDP (a training loop), 64 samples in batches of 2."""
+    model = _ddp_model()
+    seed_all(100 + ctx.rank)
+    ds = Items(64)
+    loader = ctx.audited(lambda: DataLoader(ds, batch_size=2, sampler=sampler(ds)))
+    return Plan(loader, step=_ddp_step(model), keep=model)
+
+
+def ds_subclass_lazy_global_shuffle_ddp(ctx: Ctx) -> Plan:
+    """The lazy subclass's harm in a DDP training loop: its shares cannot be read before the
+    epoch, so what each rank was handed is compared at training steps 2, 4, 8, ... (its first
+    batches do not overlap, measured), each before the next step."""
+    return _lazy_subclass_ddp(ctx, LazyGlobalShuffleDistributedSampler)
+
+
+def ds_subclass_lazy_own_share_ddp(ctx: Ctx) -> Plan:
+    """Its twin: the draws differ the same way, each rank yields its own fixed share: compared
+    as drawn, never an error."""
+    return _lazy_subclass_ddp(ctx, LazyOwnShareDistributedSampler)
+
+
 class OwnShareOrderDistributedSampler(DistributedSampler[int]):
     """Correct: a fixed share per rank (``rank::world``), put in an order of the rank's own,
     drawn from the per-rank global generator: the draws differ, the partition is intact."""
@@ -1395,6 +1428,8 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("ds_subclass_seeded_shuffle", ds_subclass_seeded_shuffle, True),
         Scenario("ds_subclass_lazy_global_shuffle", ds_subclass_lazy_global_shuffle),
         Scenario("ds_subclass_yield_from_global_shuffle", ds_subclass_yield_from_global_shuffle),
+        Scenario("ds_subclass_lazy_global_shuffle_ddp", ds_subclass_lazy_global_shuffle_ddp),
+        Scenario("ds_subclass_lazy_own_share_ddp", ds_subclass_lazy_own_share_ddp),
         Scenario(
             "ds_subclass_own_share_per_rank_order", ds_subclass_own_share_per_rank_order, True
         ),
