@@ -7,6 +7,7 @@ rngaudit (the truth), with ``rngaudit.audit()`` around the set-up, and under ``R
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -76,8 +77,16 @@ AT_FIRST_STEP = {
 }
 # A lazily yielding sampler of a loader that partitioned before, whose first batches do not
 # overlap: what each rank was handed is compared again at training steps 2, 4, 8, ..., each
-# before the next step.
-AS_DRAWN = {"self_sharding_lazy_late_overlap", "ds_subclass_lazy_global_shuffle_ddp"}
+# before the next step; so is a DistributedSampler subclass yielding lazily from per-rank
+# draws, from epoch 0, once the ranks share more than sampling with replacement would before
+# repeating (scenario -> its batch size).
+AS_DRAWN = {"self_sharding_lazy_late_overlap": 2, "ds_subclass_lazy_global_shuffle_ddp": 4}
+# With no earlier partition, the least shared samples that rule out ranks sampling
+# independently with replacement (which repeat about half as many of their own, at world 2):
+# the smallest s with P(Poisson(s / 2) <= 1) ** 2 < 1e-12.
+NOT_BY_REPLACEMENT = next(
+    s for s in range(2, 1000) if (math.exp(-s / 2) * (1 + s / 2)) ** 2 < 1e-12
+)
 MUST_STAY_CLEAN = [
     "ds_shared_seed_per_rank_global",
     "random_split_shared_generator",
@@ -109,6 +118,8 @@ MUST_STAY_CLEAN = [
 INTENDED_OVERLAP = {
     "tp_group_same_batch": "identical",  # no data-parallel module: a tensor-parallel group
     "ddp_with_replacement": "repeats",  # each rank repeats samples within its own epoch
+    # the same from a DistributedSampler subclass yielding lazily (compared as it is drawn)
+    "ds_subclass_lazy_with_replacement_ddp": "repeats",
     "ds_padding": "padding",  # DistributedSampler pads the last share: world - 1 duplicates
 }
 DATASET = {
@@ -346,8 +357,10 @@ def test_a_lazy_epoch_is_compared_as_it_is_drawn_at_the_measured_step(
     after the first such count whose batches overlap beyond padding, measured without
     rngaudit, with the measured count, and never later."""
     first = MUST_RAISE[scenario]
-    plain = [_batches(runs["none"][r][scenario]["epochs"][first], 2) for r in range(NPROC)]
+    size = AS_DRAWN[scenario]
+    plain = [_batches(runs["none"][r][scenario]["epochs"][first], size) for r in range(NPROC)]
     total = len(plain[0])
+    least = NPROC if first > 0 else NOT_BY_REPLACEMENT  # epoch 0: no earlier partition
 
     def shared(k: int) -> int:
         taken = [{i for b in batches[:k] for i in b} for batches in plain]
@@ -355,7 +368,7 @@ def test_a_lazy_epoch_is_compared_as_it_is_drawn_at_the_measured_step(
 
     assert shared(1) == 0  # the claim: the first batches the ranks train on are disjoint
     due = 2
-    while due < total and shared(due) <= NPROC - 1:
+    while due < total and shared(due) < least:
         due *= 2
     assert due < total, "the measured overlap comes too late for this scenario to show it"
     for rank in range(NPROC):

@@ -3,6 +3,7 @@ and datasets (the truth: the orders the samplers really produce), judged by the 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -106,13 +107,20 @@ def test_a_distributed_sampler_state_difference_is_named_without_any_order() -> 
     assert finding.kind == SAMPLER_DRAW_DIVERGENCE and "seed" in finding.message
 
 
-def _share(rank: int, seed: int, n: int = 32, world: int = 2) -> dict[str, Any]:
-    """A rank's first batch of 8 of its share (``perm[rank::world]``) of a seeded permutation."""
+def _share(
+    rank: int, seed: int, n: int = 32, world: int = 2, k: int = 8, replacement: bool = False
+) -> dict[str, Any]:
+    """A rank's first ``k`` samples of its share (``perm[rank::world]``) of a seeded
+    permutation, or (``replacement``) of its own draws with replacement, as one batch."""
     from rngaudit.epochs import partition
 
-    perm = list(RandomSampler(range(n), generator=torch.Generator().manual_seed(seed)))
+    generator = torch.Generator().manual_seed(seed)
+    if replacement:
+        taken = torch.randint(n, (k,), generator=generator).tolist()
+    else:
+        taken = list(RandomSampler(range(n), generator=generator))[rank::world][:k]
     tape = partition.Tape([], n)
-    tape.take([perm[rank::world][:8]])  # its first batch of 8
+    tape.take([taken])
     return tape.summary()
 
 
@@ -132,14 +140,42 @@ def test_first_batches_of_different_permutations_overlapping_are_an_error() -> N
     assert f"share {seen['shared']} samples" in finding.message
     assert "sharded by no DistributedSampler" in finding.message
     assert "An earlier epoch of this loader partitioned" in finding.message
-    by_subclass = order_rules.first_batches_overlap(
-        summaries, "L", "C", 1, drawn=4, sharded_by="Mine (a DistributedSampler subclass)"
-    )
-    assert by_subclass is not None and by_subclass.severity == "error"
-    assert "Its Mine (a DistributedSampler subclass) is there to partition" in by_subclass.message
-    assert "no DistributedSampler" not in by_subclass.message
-    assert "earlier epoch" not in by_subclass.message
-    assert "Found before training step 5 of the epoch" in by_subclass.message
+
+
+def test_a_subclass_prefix_is_an_error_only_once_sampling_with_replacement_is_ruled_out() -> None:
+    """Epoch 0 of a DistributedSampler subclass yielding lazily from per-rank draws: no earlier
+    partition, so the overlap must be more than ranks sampling independently with replacement
+    would show before any repeats of their own (34 shared at world 2)."""
+    from rngaudit.epochs import partition
+
+    mine = "Mine (a DistributedSampler subclass)"
+    few = {0: _share(0, 5), 1: _share(1, 6)}  # 8 samples each of 32: a few shared
+    seen = partition.overlap(few)
+    assert seen is not None and 1 < seen["shared"] < 34  # the claim, measured
+    assert order_rules.first_batches_overlap(few, "L", "C", 0, drawn=4, sharded_by=mine) is None
+    many = {r: _share(r, 5 + r, n=1024, k=256) for r in range(2)}
+    seen = partition.overlap(many)
+    assert seen is not None and seen["shared"] >= 34 and max(seen["repeats"].values()) == 0
+    finding = order_rules.first_batches_overlap(many, "L", "C", 0, drawn=64, sharded_by=mine)
+    assert finding is not None and finding.severity == "error"
+    assert f"Its {mine} is there to partition" in finding.message
+    assert "no DistributedSampler" not in finding.message
+    assert "earlier epoch" not in finding.message
+    assert "Found before training step 65 of the epoch" in finding.message
+    # with replacement, as many shared come with repeats of their own: never an error
+    drawn = {r: _share(r, 5 + r, n=1024, k=256, replacement=True) for r in range(2)}
+    seen = partition.overlap(drawn)
+    assert seen is not None and seen["shared"] > 1 and max(seen["repeats"].values()) > 1
+    assert order_rules.first_batches_overlap(drawn, "L", "C", 0, drawn=64, sharded_by=mine) is None
+
+
+def test_the_with_replacement_threshold_is_the_stated_poisson_bound() -> None:
+    # at world 2: the least s with P(Poisson(s / 2) <= 1) ** 2 < 1e-12
+    least = next(s for s in range(2, 100) if (math.exp(-s / 2) * (1 + s / 2)) ** 2 < 1e-12)
+    assert order_rules.replacement_ruled_out({"shared": least}, 2)
+    assert not order_rules.replacement_ruled_out({"shared": least - 1}, 2)
+    assert not order_rules.replacement_ruled_out({"shared": 0}, 3)
+    assert order_rules.replacement_ruled_out({"shared": 100, "shared_proven": 20}, 2) is False
 
 
 def test_the_same_indices_with_different_content_are_no_evidence() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from rngaudit import findings as fk
@@ -203,6 +204,29 @@ def beyond_padding(seen: dict[str, Any], world: int) -> bool:
     count."""
     shared = int(seen.get("shared_proven", seen["shared"]))
     return shared > world - 1 and max(seen["repeats"].values()) <= world - 1
+
+
+REPLACEMENT_ALPHA = 1e-12  # see replacement_ruled_out
+
+
+def replacement_ruled_out(seen: dict[str, Any], world: int) -> bool:
+    """Whether the samples the ranks share (:func:`~rngaudit.epochs.partition.overlap`) are
+    too many for ranks that each sample independently with replacement (an overlap by design)
+    while none repeats more than ``world - 1`` of its own: with k draws a rank from n samples,
+    each pair of ranks shares about k²/n and each rank repeats about k²/2n, so ``shared``
+    implies about ``shared / (world (world - 1))`` repeats a rank; at most ``world - 1`` on
+    every rank then has probability below ``REPLACEMENT_ALPHA`` (the plug-in; the joint
+    chance over every k stays below 1e-9 at world 2, 3: computed). A prefix of such sampling
+    overlaps long before it repeats (about one time in three the first check would cry wolf
+    without this, simulated); a share of a permutation never repeats at all."""
+    shared = int(seen.get("shared_proven", seen["shared"]))
+    if world < 2 or shared <= 0:
+        return False
+    mu = shared / (world * (world - 1))
+    terms = [-mu + j * math.log(mu) - math.lgamma(j + 1) for j in range(world)]
+    top = max(terms)
+    log_cdf = top + math.log(sum(math.exp(t - top) for t in terms))
+    return world * log_cdf < math.log(REPLACEMENT_ALPHA)
 
 
 def _shared(seen: dict[str, Any]) -> str:
@@ -724,6 +748,8 @@ def first_batches_overlap(
     seen = partition.overlap(summaries)
     if seen is None or not beyond_padding(seen, world):
         return None
+    if sharded_by is not None and not replacement_ruled_out(seen, world):
+        return None  # no earlier partition: too few shared to rule out sampling by design
     firsts = ", ".join(f"rank {r}: {n}" for r, n in sorted(seen["per_rank"].items()))
     if drawn is None:
         what = "the first batches the ranks are about to train on share"
@@ -751,7 +777,8 @@ def first_batches_overlap(
             f"Its {sharded_by} is there to partition the data between the ranks, and a "
             "partition never hands one sample to two ranks; its own __iter__ drew the order "
             "from a generator whose state differs across ranks (the warning at the epoch's "
-            "first batch)"
+            "first batch), and they share more samples than ranks sampling independently with "
+            "replacement could before repeating one of their own"
         )
     message = (
         f"In epoch {epoch} of {where} {what} {seen['shared']} samples ({firsts} distinct "

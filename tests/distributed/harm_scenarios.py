@@ -425,12 +425,26 @@ class LazyOwnShareDistributedSampler(DistributedSampler[int]):
             yield share[i] % len(self.dataset)  # type: ignore[arg-type]
 
 
-def _lazy_subclass_ddp(ctx: Ctx, sampler: type[DistributedSampler[int]]) -> Plan:
-    """Per-rank global seeds under DDP (a training loop), 64 samples in batches of 2."""
+class LazyWithReplacementDistributedSampler(DistributedSampler[int]):
+    """By design: each rank draws its epoch independently with replacement from the per-rank
+    global generator, index by index: ranks overlap, and each repeats samples of its own."""
+
+    def __iter__(self) -> Iterator[int]:
+        for i in torch.randint(len(self.dataset), (self.num_samples,)).tolist():  # type: ignore[arg-type]
+            yield int(i)
+
+
+LAZY_DDP_N, LAZY_DDP_BATCH = 1024, 4
+
+
+def _lazy_subclass_ddp(
+    ctx: Ctx, sampler: type[DistributedSampler[int]], seed: int = 100
+) -> Plan:
+    """Per-rank global seeds under DDP (a training loop), 1,024 samples in batches of 4."""
     model = _ddp_model()
-    seed_all(100 + ctx.rank)
-    ds = Items(64)
-    loader = ctx.audited(lambda: DataLoader(ds, batch_size=2, sampler=sampler(ds)))
+    seed_all(seed + ctx.rank)
+    ds = Items(LAZY_DDP_N)
+    loader = ctx.audited(lambda: DataLoader(ds, batch_size=LAZY_DDP_BATCH, sampler=sampler(ds)))
     return Plan(loader, step=_ddp_step(model), keep=model)
 
 
@@ -445,6 +459,14 @@ def ds_subclass_lazy_own_share_ddp(ctx: Ctx) -> Plan:
     """Its twin: the draws differ the same way, each rank yields its own fixed share: compared
     as drawn, never an error."""
     return _lazy_subclass_ddp(ctx, LazyOwnShareDistributedSampler)
+
+
+def ds_subclass_lazy_with_replacement_ddp(ctx: Ctx) -> Plan:
+    """Its other twin: independent sampling with replacement per rank, overlapping by design
+    (its prefixes share samples long before the epoch's end): compared as drawn, never an
+    error. Seeds 111 and 112: their first 4 batches share 2 samples while neither rank has
+    repeated one yet (what a permutation's shares would show; measured without rngaudit)."""
+    return _lazy_subclass_ddp(ctx, LazyWithReplacementDistributedSampler, seed=111)
 
 
 class OwnShareOrderDistributedSampler(DistributedSampler[int]):
@@ -1430,6 +1452,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("ds_subclass_yield_from_global_shuffle", ds_subclass_yield_from_global_shuffle),
         Scenario("ds_subclass_lazy_global_shuffle_ddp", ds_subclass_lazy_global_shuffle_ddp),
         Scenario("ds_subclass_lazy_own_share_ddp", ds_subclass_lazy_own_share_ddp),
+        Scenario("ds_subclass_lazy_with_replacement_ddp", ds_subclass_lazy_with_replacement_ddp),
         Scenario(
             "ds_subclass_own_share_per_rank_order", ds_subclass_own_share_per_rank_order, True
         ),
