@@ -21,6 +21,7 @@ only loader would be).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -65,9 +66,17 @@ TWINS = [  # intact: no rank differs, or one's seed differs and the partition do
     "odd_reseeded_after_block",
     "odd_self_sharding_reseeded_after_block",
     "odd_self_sharding_lazy_late_twin",
+    "odd_subclass_lazy_ddp_twin",
 ]
 # lazily yielded, first batches disjoint: compared as drawn, raised at a later training step
-AS_DRAWN = ["odd_self_sharding_lazy_late"]
+# (scenario -> the corrupted epoch, the batch size)
+AS_DRAWN = {"odd_self_sharding_lazy_late": (1, 2), "odd_subclass_lazy_ddp": (0, 8)}
+# Epoch 0 of a DistributedSampler subclass (no earlier partition): the least shared samples
+# that rule out three ranks sampling independently with replacement (each would repeat about
+# shared / 6 of its own): the smallest s with P(Poisson(s / 6) <= 2) ** 3 < 1e-12.
+NOT_BY_REPLACEMENT = next(
+    s for s in range(3, 1000) if (math.exp(-s / 6) * (1 + s / 6 + (s / 6) ** 2 / 2)) ** 3 < 1e-12
+)
 FIRST_FIVE = list(CORRUPTED)[:5]
 # the keyed streams first: the odd scenarios leave epochs to compare when the group goes
 ORDER = [
@@ -164,27 +173,36 @@ def _shared(batches: list[list[list[int]]], k: int) -> int:
 
 
 @pytest.mark.parametrize("how", ["block", "env"])
+@pytest.mark.parametrize("scenario", sorted(AS_DRAWN))
 def test_a_lazy_epoch_is_compared_as_it_is_drawn_and_every_rank_raises_at_the_measured_step(
-    runs: dict[str, Any], how: str
+    runs: dict[str, Any], how: str, scenario: str
 ) -> None:
-    """Three ranks, the last alone evaluating after epoch 0, a sampler that yields lazily:
-    epoch 1's first batches are disjoint (measured), so the group compares what each rank was
-    handed at training steps 2, 4, 8, ...; every rank raises before the step after the first
-    such count whose batches overlap beyond padding, measured without rngaudit."""
-    scenario = AS_DRAWN[0]
+    """Three ranks, a sampler that yields lazily: the last rank alone evaluating after epoch 0
+    (a loader that partitioned before), or a DistributedSampler subclass drawing from the last
+    rank's differing seed (epoch 0, under its bound for sampling with replacement). The first
+    batches are disjoint (measured), so the group compares what each rank was handed at
+    training steps 2, 4, 8, ...; every rank raises before the step after the first such count
+    whose batches overlap beyond padding (epoch 0: beyond the bound), measured without
+    rngaudit."""
+    first, size = AS_DRAWN[scenario]
     plain = [runs["none"][r][scenario] for r in range(NPROC)]
-    assert not _duplicated(runs, scenario, 0) and _duplicated(runs, scenario, 1)
-    batches = [[p["epochs"][1][i : i + 2] for i in range(0, len(p["epochs"][1]), 2)] for p in plain]
+    assert not any(_duplicated(runs, scenario, e) for e in range(first))
+    assert _duplicated(runs, scenario, first)
+    batches = [
+        [p["epochs"][first][i : i + size] for i in range(0, len(p["epochs"][first]), size)]
+        for p in plain
+    ]
     assert _shared(batches, 1) == 0  # the claim: the first batches are disjoint
+    least = NPROC if first > 0 else NOT_BY_REPLACEMENT
     due, total = 2, len(batches[0])
-    while due < total and _shared(batches, due) <= NPROC - 1:
+    while due < total and _shared(batches, due) < least:
         due *= 2
     assert due < total
     for rank in range(NPROC):
         res = runs[how][rank][scenario]
-        assert res["raised"] and res["raised_at"] == "epoch 1", res
+        assert res["raised"] and res["raised_at"] == f"epoch {first}", res
         assert res["steps_at_raise"] == due, (rank, res["steps_at_raise"], due)
-        assert res["epochs"] == plain[rank]["epochs"][:1]
+        assert res["epochs"] == plain[rank]["epochs"][:first]
         assert "partition-overlap" in res["kinds"]
         shared = _shared(batches, due)
         assert (

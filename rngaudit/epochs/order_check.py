@@ -1239,7 +1239,7 @@ class EpochGuard:
         with self._lock:
             state = self._state(shard)
         label = f"partition of epoch {epoch} of {state.label} ({chain})"
-        if (f"shard/{state.index}", epoch) in first_step.DECIDED:
+        if (_shard_key(state), epoch) in first_step.DECIDED:
             with self._lock:  # found as it was drawn, on every rank: not judged again
                 self._maybe_uninstall()
             return
@@ -1367,7 +1367,7 @@ class EpochGuard:
             if first_step._group(modules[0]) != list(range(where[1])):
                 return
             epoch = observed.Epoch(
-                f"shard/{state.index}", record["epoch"], state.label, record["chain"], watch
+                _shard_key(state), record["epoch"], state.label, record["chain"], watch
             )
             torch = sys.modules.get("torch")
             item = first_step.Started(
@@ -1447,6 +1447,12 @@ class EpochGuard:
         except Exception:
             log.warning("rngaudit: could not write the order check's report", exc_info=True)
         return found
+
+
+def _shard_key(state: _LoaderState) -> str:
+    """The cross-rank key of a loader a known class shards, as an epoch compared as it is
+    drawn names it (:meth:`EpochGuard._follow_drawn`)."""
+    return f"shard/{state.index}"
 
 
 def _decided_early(epoch: observed.Epoch, label: str, finding: Finding) -> list[Finding]:

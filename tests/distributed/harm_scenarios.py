@@ -438,13 +438,18 @@ LAZY_DDP_N, LAZY_DDP_BATCH = 1024, 4
 
 
 def _lazy_subclass_ddp(
-    ctx: Ctx, sampler: type[DistributedSampler[int]], seed: int = 100
+    ctx: Ctx,
+    sampler: type[DistributedSampler[int]],
+    seed: int | None = None,
+    n: int = LAZY_DDP_N,
+    batch: int = LAZY_DDP_BATCH,
 ) -> Plan:
-    """Per-rank global seeds under DDP (a training loop), 1,024 samples in batches of 4."""
+    """Global seeds (per rank: ``100 + rank`` unless ``seed``) under DDP (a training loop),
+    1,024 samples in batches of 4 unless told."""
     model = _ddp_model()
-    seed_all(seed + ctx.rank)
-    ds = Items(LAZY_DDP_N)
-    loader = ctx.audited(lambda: DataLoader(ds, batch_size=LAZY_DDP_BATCH, sampler=sampler(ds)))
+    seed_all(100 + ctx.rank if seed is None else seed)
+    ds = Items(n)
+    loader = ctx.audited(lambda: DataLoader(ds, batch_size=batch, sampler=sampler(ds)))
     return Plan(loader, step=_ddp_step(model), keep=model)
 
 
@@ -466,7 +471,7 @@ def ds_subclass_lazy_with_replacement_ddp(ctx: Ctx) -> Plan:
     (its prefixes share samples long before the epoch's end): compared as drawn, never an
     error. Seeds 111 and 112: their first 4 batches share 2 samples while neither rank has
     repeated one yet (what a permutation's shares would show; measured without rngaudit)."""
-    return _lazy_subclass_ddp(ctx, LazyWithReplacementDistributedSampler, seed=111)
+    return _lazy_subclass_ddp(ctx, LazyWithReplacementDistributedSampler, seed=111 + ctx.rank)
 
 
 class OwnShareOrderDistributedSampler(DistributedSampler[int]):
@@ -1093,6 +1098,19 @@ def odd_self_sharding_lazy_late_twin(ctx: Ctx) -> Plan:
     return _self_sharding(ctx, ctx.world - 1, False, n=192, lazy=True, batch=2)
 
 
+def odd_subclass_lazy_ddp(ctx: Ctx) -> Plan:
+    """The lazy DistributedSampler subclass under DDP at world 3, the last rank's seed alone
+    differing: 3,072 samples in batches of 8, compared as they are drawn."""
+    seed = _odd_seed(ctx, True)
+    return _lazy_subclass_ddp(ctx, LazyGlobalShuffleDistributedSampler, seed, 3072, 8)
+
+
+def odd_subclass_lazy_ddp_twin(ctx: Ctx) -> Plan:
+    """Its twin: the same draws differ, each rank yields a fixed share of its own."""
+    seed = _odd_seed(ctx, True)
+    return _lazy_subclass_ddp(ctx, LazyOwnShareDistributedSampler, seed, 3072, 8)
+
+
 def odd_ddp_shuffled_no_sampler(ctx: Ctx) -> Plan:
     return _no_sampler(ctx, True, N_ODD)
 
@@ -1513,6 +1531,8 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("odd_self_sharding_eval", odd_self_sharding_eval, True),
         Scenario("odd_self_sharding_lazy_late", odd_self_sharding_lazy_late, True),
         Scenario("odd_self_sharding_lazy_late_twin", odd_self_sharding_lazy_late_twin, True),
+        Scenario("odd_subclass_lazy_ddp", odd_subclass_lazy_ddp),
+        Scenario("odd_subclass_lazy_ddp_twin", odd_subclass_lazy_ddp_twin),
         Scenario("odd_self_sharding_eval_twin", odd_self_sharding_eval_twin, True),
         Scenario("odd_ddp_shuffled_no_sampler", odd_ddp_shuffled_no_sampler, True),
         Scenario("odd_ddp_self_shard_twin", odd_ddp_self_shard_twin, True),
