@@ -4,6 +4,7 @@ shards, and the digests that say whether two ranks hold the same order and mappi
 from __future__ import annotations
 
 import zlib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -107,3 +108,26 @@ def test_digest_element_reads_tensors_by_their_bytes() -> None:
         torch.tensor([2, 1])
     )
     assert sharding.digest_element({"x": [1, 2]}) == sharding.digest_element({"x": [1, 2]})
+
+
+def test_a_subclass_with_its_own_iter_is_told_from_the_class_never_the_instance() -> None:
+    from torch.utils.data import DistributedSampler
+
+    class Own(DistributedSampler[int]):
+        def __iter__(self) -> Iterator[int]:
+            yield from range(self.rank, len(self.dataset), self.num_replicas)  # type: ignore[arg-type]
+
+    class Plain(DistributedSampler[int]):
+        pass
+
+    data = TensorDataset(torch.arange(8))
+    assert sharding.has_own_iter(Own(data, num_replicas=2, rank=0))
+    assert not sharding.has_own_iter(Plain(data, num_replicas=2, rank=0))
+    assert not sharding.has_own_iter(DistributedSampler(data, num_replicas=2, rank=0))
+
+    class Hostile:
+        @property  # type: ignore[misc]
+        def __class__(self) -> type:
+            raise AssertionError("read its __class__")
+
+    assert not sharding.has_own_iter(Hostile())

@@ -36,9 +36,10 @@ def has_own_iter(obj: Any) -> bool:
     subclass's order, which its seed and epoch do not fix)."""
     dist_mod = sys.modules.get("torch.utils.data.distributed")
     cls = getattr(dist_mod, "DistributedSampler", None)
-    if cls is None or not isinstance(obj, cls):
+    kind = type(obj)  # never obj.__class__ (a property on some objects: user code)
+    if not isinstance(cls, type) or not issubclass(kind, cls):
         return False
-    return getattr(type(obj), "__iter__", None) is not getattr(cls, "__iter__", None)
+    return getattr(kind, "__iter__", None) is not getattr(cls, "__iter__", None)
 
 
 def _is_batch_sampler_shard(obj: Any) -> bool:
