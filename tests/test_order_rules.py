@@ -283,3 +283,38 @@ def test_a_split_draw_is_named_only_where_the_ranks_drew_it_differently() -> Non
     (finding,) = order_rules.compare(records, missing=[])
     assert "split different streams" in finding.message
     assert "The mapping was drawn" not in finding.message
+
+
+def test_whole_epochs_that_independent_draws_with_replacement_could_give_are_told_apart() -> None:
+    """Under a data-parallel module alone (no earlier partition), an overlap is an error only
+    when the ranks' epochs cannot be independent draws with replacement: a small epoch of a
+    big root shares a few samples with no repeat by chance; whole permutations never do."""
+    from rngaudit.epochs import partition
+
+    def summary(taken: list[int], n: int) -> dict[str, Any]:
+        tape = partition.Tape([], n)
+        tape.take([taken])
+        s = tape.summary()
+        s["training"] = True
+        return s
+
+    n = 1_000_000
+    small = {0: summary([1, 2, *range(10, 1608)], n), 1: summary([1, 2, *range(5000, 6598)], n)}
+    seen = partition.overlap(small)
+    assert seen is not None and seen["shared"] == 2 and max(seen["repeats"].values()) == 0
+    assert not order_rules.by_chance_ruled_out(seen, 2)
+    finding, _ = order_rules.observed_overlap(small, "L", "C", 0, False, True)
+    assert finding is None  # with replacement, by design: no evidence of harm
+    finding, _ = order_rules.observed_overlap(small, "L", "C", 1, True, True)
+    assert finding is not None and finding.severity == "error"  # it partitioned before
+    # 48 of 64 from each rank's own permutation: sampling with replacement would repeat
+    perms = [torch.randperm(64, generator=torch.Generator().manual_seed(r)) for r in range(2)]
+    whole = {r: summary(perms[r][:48].tolist(), 64) for r in range(2)}
+    seen = partition.overlap(whole)
+    assert seen is not None and not seen["identical"] and seen["shared"] > 1
+    assert order_rules.by_chance_ruled_out(seen, 2)
+    finding, _ = order_rules.observed_overlap(whole, "L", "C", 0, False, True)
+    assert finding is not None and finding.severity == "error"
+    # n! / ((n - k)! n^k) for no repeat at all: 64 distinct of 64 draws is about 1e-26
+    log_p = math.lgamma(65) - math.lgamma(1) - 64 * math.log(64)
+    assert log_p < math.log(1e-24)

@@ -229,6 +229,34 @@ def replacement_ruled_out(seen: dict[str, Any], world: int) -> bool:
     return world * log_cdf < math.log(REPLACEMENT_ALPHA)
 
 
+def by_chance_ruled_out(seen: dict[str, Any], world: int) -> bool:
+    """Whether the ranks' whole epochs (:func:`~rngaudit.epochs.partition.overlap`, exact)
+    cannot be independent draws with replacement from the root: under that, a rank drawing k
+    of n repeats some of its own, so the chance of repeating no more than it did (exactly
+    n! / ((n - k)! n^k) for none, else a Poisson tail at the exact mean) multiplied over the
+    ranks must be below ``REPLACEMENT_ALPHA``. A small epoch of a big root sampled so (1,600
+    of 1M a rank) shares a few samples and repeats none about one epoch in three (simulated);
+    a whole permutation (every rank the whole root) cannot pass for it. An estimate (a
+    sketch) falls back to :func:`replacement_ruled_out`."""
+    if seen.get("estimated"):
+        return replacement_ruled_out(seen, world)
+    n = int(seen["root_size"])
+    log_p = 0.0
+    for r, distinct in seen["per_rank"].items():
+        repeats = int(seen["repeats"][r])
+        k = int(distinct) + repeats
+        if k < 2 or n < 1:
+            return False
+        if repeats == 0:
+            log_p += math.lgamma(n + 1) - math.lgamma(n - k + 1) - k * math.log(n)
+        else:
+            mu = k - n * (1.0 - (1.0 - 1.0 / n) ** k)
+            terms = [-mu + j * math.log(mu) - math.lgamma(j + 1) for j in range(repeats + 1)]
+            top = max(terms)
+            log_p += top + math.log(sum(math.exp(t - top) for t in terms))
+    return log_p < math.log(REPLACEMENT_ALPHA)
+
+
 def _shared(seen: dict[str, Any]) -> str:
     """How many samples more than one rank took, in words (an estimate says so)."""
     if not seen.get("estimated"):
@@ -613,8 +641,10 @@ def observed_overlap(
         if identical:
             return None, False
         severity = "warning"
-    else:
+    elif partitioned_before or identical or left is not None or by_chance_ruled_out(seen, world):
         severity = "error"
+    else:  # only the data-parallel module says harm, and ranks sampling independently with
+        return None, False  # replacement could have drawn this: no evidence of it
     never: int | None = int(seen.get("never_estimate", seen["root_size"] - seen["union"]))
     counts = ", ".join(f"rank {r}: {n}" for r, n in sorted(seen["per_rank"].items()))
     where = f"epoch {epoch} of {loader} ({chain}, sharded by no DistributedSampler)"

@@ -1046,6 +1046,18 @@ def ddp_with_replacement(ctx: Ctx) -> Plan:
     return Plan(loader, epochs=2, step=_ddp_step(model), keep=model)
 
 
+def ddp_small_epoch_with_replacement(ctx: Ctx) -> Plan:
+    """DDP, independent with-replacement samplers seeded per rank drawing a small epoch of a
+    big root (1,600 of 1M samples a rank): seeds 10 and 11 share 2 samples and neither rank
+    repeats one (measured), as such sampling does about one epoch in three: by design."""
+    model = _ddp_model()
+    seed_all(10 + ctx.rank)
+    ds = Items(1_000_000)
+    sampler = torch.utils.data.RandomSampler(ds, replacement=True, num_samples=1600)
+    loader = ctx.audited(lambda: DataLoader(ds, batch_size=32, sampler=sampler))
+    return Plan(loader, step=_ddp_step(model), keep=model)
+
+
 def dispatch_batches_loader(ctx: Ctx) -> Plan:
     """accelerate with dispatch_batches=True: rank 0 reads every batch and sends each rank
     its slice (the other ranks iterate no loader of their own): intact."""
@@ -1508,6 +1520,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("ddp_self_shard_per_rank_augment", ddp_self_shard_per_rank_augment, True),
         Scenario("ddp_presharded_files", ddp_presharded_files, True),
         Scenario("ddp_with_replacement", ddp_with_replacement, True),
+        Scenario("ddp_small_epoch_with_replacement", ddp_small_epoch_with_replacement),
         Scenario("dispatch_batches_loader", dispatch_batches_loader, True),
         Scenario("ds_padding", ds_padding, True),
         Scenario("ds_drop_last", ds_drop_last, True),
