@@ -209,6 +209,13 @@ def beyond_padding(seen: dict[str, Any], world: int) -> bool:
 REPLACEMENT_ALPHA = 1e-12  # see replacement_ruled_out
 
 
+def _log_poisson_cdf(m: int, mu: float) -> float:
+    """log P(X <= m) for X ~ Poisson(mu > 0), summed in log space."""
+    terms = [-mu + j * math.log(mu) - math.lgamma(j + 1) for j in range(m + 1)]
+    top = max(terms)
+    return top + math.log(sum(math.exp(t - top) for t in terms))
+
+
 def replacement_ruled_out(seen: dict[str, Any], world: int) -> bool:
     """Whether the samples the ranks share (:func:`~rngaudit.epochs.partition.overlap`) are
     too many for ranks that each sample independently with replacement (an overlap by design)
@@ -223,10 +230,7 @@ def replacement_ruled_out(seen: dict[str, Any], world: int) -> bool:
     if world < 2 or shared <= 0:
         return False
     mu = shared / (world * (world - 1))
-    terms = [-mu + j * math.log(mu) - math.lgamma(j + 1) for j in range(world)]
-    top = max(terms)
-    log_cdf = top + math.log(sum(math.exp(t - top) for t in terms))
-    return world * log_cdf < math.log(REPLACEMENT_ALPHA)
+    return world * _log_poisson_cdf(world - 1, mu) < math.log(REPLACEMENT_ALPHA)
 
 
 def by_chance_ruled_out(seen: dict[str, Any], world: int) -> bool:
@@ -250,10 +254,7 @@ def by_chance_ruled_out(seen: dict[str, Any], world: int) -> bool:
         if repeats == 0:
             log_p += math.lgamma(n + 1) - math.lgamma(n - k + 1) - k * math.log(n)
         else:
-            mu = k - n * (1.0 - (1.0 - 1.0 / n) ** k)
-            terms = [-mu + j * math.log(mu) - math.lgamma(j + 1) for j in range(repeats + 1)]
-            top = max(terms)
-            log_p += top + math.log(sum(math.exp(t - top) for t in terms))
+            log_p += _log_poisson_cdf(repeats, k - n * (1.0 - (1.0 - 1.0 / n) ** k))
     return log_p < math.log(REPLACEMENT_ALPHA)
 
 
