@@ -63,6 +63,12 @@ def ahead(iterator: Any) -> int | None:
     return factor * workers if factor >= 0 and workers > 0 else None
 
 
+def left_of(iterator: Any) -> Left:
+    """How to read what ``iterator``'s epoch has handed out: the index batches it draws ahead
+    and the epoch's length (its index sampler's, if it tells)."""
+    return Left(ahead(iterator), peek.size(peek.attr(iterator, "_index_sampler")))
+
+
 def segment(first: Any, fold: int, tape: Any) -> Iterator[Any]:
     """The next ``fold`` index batches of the tee branch ``first``, counted in C when the tape
     may be left early (no Python frame per batch)."""

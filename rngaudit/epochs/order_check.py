@@ -655,9 +655,7 @@ class EpochGuard:
             context = (watch, shard, sharding.chain_name(nodes), state.checks)
             tape = partition.Tape(mapping[0], mapping[1], context)
             if sharding.has_own_iter(shard):  # its epoch may be compared as it is drawn
-                tape.left = early.Left(
-                    early.ahead(iterator), peek.size(peek.attr(iterator, "_index_sampler"))
-                )
+                tape.left = early.left_of(iterator)
             with self._lock:
                 self.tapes.add(tape)
             weakref.finalize(tape, self._dropped)  # an epoch never finished: stop waiting
@@ -712,9 +710,7 @@ class EpochGuard:
         torch = sys.modules.get("torch")
         training = bool(torch.is_grad_enabled()) if torch is not None else False
         tape = partition.Tape(mapping[0], mapping[1], (watch, None, epoch, known, training))
-        tape.left = early.Left(
-            early.ahead(iterator), peek.size(peek.attr(iterator, "_index_sampler"))
-        )
+        tape.left = early.left_of(iterator)
         known.open = weakref.ref(tape)
         early.watch(iterator, tape, self._left_early)  # a break: the iterator goes first
         with self._lock:
