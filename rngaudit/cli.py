@@ -72,6 +72,12 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rngaudit",
         description="Audit where PyTorch training draws its randomness, and report it.",
+        epilog=(
+            "example:\n"
+            "  rngaudit run -- torchrun --nproc_per_node=2 train.py\n\n"
+            "rngaudit COMMAND --help describes each command."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"rngaudit {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -79,11 +85,14 @@ def _parser() -> argparse.ArgumentParser:
     report = commands.add_parser(
         "report",
         help="show the report in a report directory",
-        description=(
-            "Show the audit report in DIR: report.json, or the rank-<R>.json files merged. "
-            "Exit status: 0 no error findings, 1 error findings (or warnings with "
+        description="Show the audit report in DIR (report.json, or the rank files merged).",
+        epilog=(
+            "example:\n"
+            "  rngaudit report rngaudit-report --format html > report.html\n\n"
+            "exit status: 0 no error findings, 1 error findings (or warnings with\n"
             "--fail-on warning), 2 unusable input."
         ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     report.add_argument(
         "dir",
@@ -98,13 +107,16 @@ def _parser() -> argparse.ArgumentParser:
     diff = commands.add_parser(
         "diff",
         help="compare two runs: where their random draws part, and why",
-        description=(
-            "Compare the reports of two runs of the same program (report directories A and "
-            "B): the settings that differ (versions, world size, seeds, loaders), then per "
-            "rank the first draw whose generator state differs or that only one run made, "
-            "and what differs after it. Exit status: 0 identical, 1 different, 2 unusable "
-            "input."
+        description="Compare the reports of two runs of the same program: where their draws part.",
+        epilog=(
+            "example:\n"
+            "  rngaudit diff run-a/rngaudit-report run-b/rngaudit-report\n\n"
+            "It shows the settings that differ (versions, world size, seeds, loaders), then per\n"
+            "rank the first draw whose generator state differs or that only one run made, and\n"
+            "what differs after it.\n"
+            "exit status: 0 identical, 1 different, 2 unusable input."
         ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     diff.add_argument("dir_a", metavar="A", help="report directory of the first run")
     diff.add_argument("dir_b", metavar="B", help="report directory of the second run")
@@ -114,11 +126,14 @@ def _parser() -> argparse.ArgumentParser:
     run = commands.add_parser(
         "run",
         help="run a command under the audit, then summarise its report",
-        description=(
-            f"Run CMD with {ENV_MODE}=<mode> and {ENV_REPORT_DIR}=<dir> set, then summarise "
-            "the report it wrote. Exit status: CMD's when it fails, else 0 no error findings, "
-            "1 error findings, 2 no usable report."
+        description=f"Run CMD with {ENV_MODE} and {ENV_REPORT_DIR} set, then summarise its report.",
+        epilog=(
+            "example:\n"
+            "  rngaudit run --html -- torchrun --nproc_per_node=2 train.py\n\n"
+            "exit status: CMD's when it fails, else 0 no error findings, 1 error findings,\n"
+            "2 no usable report."
         ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         usage="%(prog)s [-h] [--mode {raise,warn,report}] [--report-dir D] [--timeout S] "
         "[--fail-on {error,warning}] [--html] -- CMD ...",
     )

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rngaudit.cli import main
+from rngaudit.cli import _parser, main
 
 DATA = Path(__file__).parent / "data"
 GOLDEN = Path(__file__).parent / "golden"
@@ -406,6 +406,22 @@ def test_python_m_rngaudit_help() -> None:
     assert "report" in result.stdout and "run" in result.stdout
 
 
+@pytest.mark.parametrize("command", [[], ["report"], ["diff"], ["run"]], ids=str)
+def test_help_says_in_one_line_what_it_does_with_an_example_that_parses(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main([*command, "--help"])
+    assert exit_.value.code == 0
+    paragraphs = capsys.readouterr().out.split("\n\n")
+    assert paragraphs[0].startswith(" ".join(["usage: rngaudit", *command]))
+    assert "\n" not in paragraphs[1].strip(), paragraphs[1]  # the description: one line
+    example = next(p for p in paragraphs if p.startswith("example:")).splitlines()[1].split()
+    assert example[0] == "rngaudit"
+    argv = example[1 : example.index(">")] if ">" in example else example[1:]  # no redirection
+    assert _parser().parse_args(argv).command == (command or ["run"])[0]
+
+
 def test_no_command_is_a_usage_error() -> None:
     result = cli()
     assert result.returncode == 2
@@ -458,7 +474,7 @@ def test_report_on_hostile_input_exits_2_with_one_line(tmp_path: Path, kind: str
 
 MEASURE = """
 import resource, sys
-from rngaudit.cli import main
+from rngaudit.cli import _parser, main
 with open(sys.argv[2], "w") as out:
     sys.stdout = out
     status = main(["report", sys.argv[1], "--format", "json"])
