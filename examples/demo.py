@@ -13,9 +13,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "examples" / "audited_prepare.py"
-REPORTS = ROOT / "rngaudit-report" / "demo"
+REPORTS = ROOT / "rngaudit-report" / "demo"  # or the directory given as the one argument
 TIMEOUT_S = 240
 LAUNCHER_LOG = re.compile(r"^[IWE]\d{4} \d\d:\d\d:\d\d")  # torchrun's own log lines
+
+
+def shown(path: Path) -> str:
+    """``path`` relative to the checkout when it is inside it, else whole."""
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def header(text: str) -> None:
@@ -69,17 +74,17 @@ def show_report(report_dir: Path) -> None:
     has_cli = find("rngaudit.cli") is not None and find("rngaudit.__main__") is not None
     if has_cli:
         cmd = [sys.executable, "-m", "rngaudit", "report", str(report_dir)]
-        print("$ python -m rngaudit report " + str(report_dir.relative_to(ROOT)), flush=True)
+        print("$ python -m rngaudit report " + shown(report_dir), flush=True)
         rc = subprocess.run(cmd, cwd=ROOT, timeout=60).returncode
         meaning = {0: "verdict below error", 1: "error verdict"}.get(rc, "report unusable")
         print(f"  exit status: {rc} ({meaning})", flush=True)
         return
     merged = report_dir / "report.json"
     if merged.is_file():
-        print(f"(rngaudit.cli not available yet; raw {merged.relative_to(ROOT)})", flush=True)
+        print(f"(rngaudit.cli not available yet; raw {shown(merged)})", flush=True)
         print(json.dumps(json.loads(merged.read_text()), indent=2), flush=True)
     else:
-        print(f"(no rngaudit.cli and no {merged.relative_to(ROOT)}: nothing to show)", flush=True)
+        print(f"(no rngaudit.cli and no {shown(merged)}: nothing to show)", flush=True)
 
 
 def write_html(report_dir: Path) -> None:
@@ -89,21 +94,22 @@ def write_html(report_dir: Path) -> None:
     proc = subprocess.run(cmd, cwd=ROOT, timeout=60, text=True, stdout=subprocess.PIPE)
     if proc.returncode in (0, 1) and proc.stdout:
         page.write_text(proc.stdout, encoding="utf-8")
-        print(f"HTML report of the divergent run: {page}", flush=True)
+        print(f"HTML report of the divergent run (open it in a browser): {page}", flush=True)
     else:
         print(f"(no HTML report: rngaudit report exited {proc.returncode})", flush=True)
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
+    reports = Path(argv[0]).resolve() if argv else REPORTS
     header("1/3  Unseeded ranks, stateful loader, 6 workers: prepare() must raise")
-    rc_bad, out_bad = torchrun("noseed", REPORTS / "noseed")
+    rc_bad, out_bad = torchrun("noseed", reports / "noseed")
     caught = rc_bad != 0 and "RNGDivergenceError" in out_bad
 
     header("2/3  The merged report of that run")
-    show_report(REPORTS / "noseed")
+    show_report(reports / "noseed")
 
     header("3/3  Same script with torch.manual_seed(1234) on every rank: must pass")
-    rc_good, out_good = torchrun("seed", REPORTS / "seed")
+    rc_good, out_good = torchrun("seed", reports / "seed")
     clean = rc_good == 0 and "RNGDivergenceError" not in out_good
 
     header("Result")
@@ -111,9 +117,9 @@ def main() -> int:
     print(f"seed ran clean:                   {'yes' if clean else 'NO'} (expected yes)")
     ok = caught and clean
     print("demo OK" if ok else "demo FAILED: rngaudit did not behave as expected", flush=True)
-    write_html(REPORTS / "noseed")
+    write_html(reports / "noseed")  # the last line: where the page is
     return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

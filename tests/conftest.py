@@ -24,6 +24,7 @@ SLOW_FIRST = [
     "test_worker_shapes.py",
     "test_startup.py",
     "test_odd_rank.py",
+    "test_demo.py",
     "test_never_break.py",
     "test_workers.py",
     "test_exchange_protocol.py",
