@@ -209,11 +209,14 @@ def test_python_blocks_compile_and_name_what_exists(block: Block) -> None:
     "block", [b for b in BLOCKS if b.kind == "python" and not b.why_not_run], ids=str
 )
 def test_python_programs_run(block: Block, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RNGAUDIT")}
     proc = subprocess.run(
-        [sys.executable, "-c", block.body], cwd=tmp_path, text=True, timeout=120,
+        [sys.executable, "-c", block.body], cwd=tmp_path, env=env, text=True, timeout=120,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, f"{block}:\n{proc.stdout[-3000:]}"
+    for said in re.findall(r"# prints: (.*)$", block.body, re.M):  # what the block says it prints
+        assert said in proc.stdout.splitlines(), f"{block}: not printed: {said}\n{proc.stdout}"
 
 
 def _check_words(words: list[str]) -> str | None:
