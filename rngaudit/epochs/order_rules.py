@@ -153,11 +153,12 @@ def compare(
             out.append(_content_finding(where, contents, loader, epoch))
     states = {int(r["rank"]): r.get("sampler_state") for r in records}
     orders = {int(r["rank"]): list(r.get("order") or []) for r in records}
-    differs = [
-        key
-        for key in ("seed", "epoch", "shuffle", "drop_last", "total_size", "resume_at")
-        if len({str((s or {}).get(key)) for s in states.values()}) > 1
-    ]
+    keys = ["seed", "epoch", "shuffle", "drop_last", "total_size", "resume_at"]
+    if all((s or {}).get("shuffle") is False for s in states.values()):
+        # no shuffle: the seed and epoch draw nothing, a difference in them is no cause (a
+        # subclass that shuffles anyway draws: the shares it hands are measured instead)
+        keys = keys[2:]
+    differs = [key for key in keys if len({str((s or {}).get(key)) for s in states.values()}) > 1]
     prefix = _common_prefix_differs(orders)
     if differs or prefix or _sampler_draws_differ(records):
         finding = _order_finding(records, where, states, orders, differs, loader, epoch)
