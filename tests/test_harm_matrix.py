@@ -119,6 +119,9 @@ MUST_STAY_CLEAN = [
     # each rank's own file in a TensorDataset, local shuffle, per-rank seeds: the same indices
     # name different samples (twin: ddp_same_tensors_seed_per_rank)
     "ddp_presharded_tensors_seed_per_rank",
+    # a per-rank preview drawn from a RandomSampler outside any loader, then a sharded loader
+    # (twin: spawn_style_shards_per_rank_seed, whose per-rank order is the training Subset)
+    "per_rank_preview_then_sharded",
 ]
 # Ranks overlap by design (measured in test_intended_overlap_is_what_it_claims): never an error.
 INTENDED_OVERLAP = {
@@ -147,6 +150,8 @@ HOWS = ["block", "env"]
 # launch shared by every scenario happened in the first one: under RNGAUDIT these scenarios get
 # a launch of their own, as a training script would be.
 OWN_WINDOW = ["spawn_style_shards_per_rank_seed", "spawn_style_shards_shared_seed"]
+# The same, each in a launch alone: its window must still be open when its set-up draws.
+OWN_LAUNCH = ["per_rank_preview_then_sharded"]
 
 
 def _launch(outdir: Path, how: str, only: list[str] | None = None) -> dict[int, dict[str, Any]]:
@@ -179,9 +184,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         outdir = tmp_path_factory.mktemp(f"harm-{how}")
         out[how] = _launch(outdir, how)
         out[how + "_dir"] = outdir
-    own = _launch(tmp_path_factory.mktemp("harm-env-own"), "env", OWN_WINDOW)
-    for rank in range(NPROC):
-        out["env"][rank].update({name: own[rank][name] for name in OWN_WINDOW})
+    for group in (OWN_WINDOW, *([name] for name in OWN_LAUNCH)):
+        own = _launch(tmp_path_factory.mktemp("harm-env-own"), "env", group)
+        for rank in range(NPROC):
+            out["env"][rank].update({name: own[rank][name] for name in group})
     return out
 
 

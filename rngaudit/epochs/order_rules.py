@@ -582,11 +582,12 @@ def observed_overlap(
     if seen is None:
         return None, False
     estimated = bool(seen.get("estimated"))
-    if int(seen.get("shared_proven", seen["shared"])) <= world - 1:
+    allowed = harm.allowed_as(seen, world)
+    if allowed in ("nothing shared", "DistributedSampler padding"):
         # a partition when the ranks covered (nearly) all of it, known exactly (a bitmap)
         exact = not estimated and seen["union"] * 10 >= seen["root_size"] * 9
         return None, exact and left is None
-    if max(seen["repeats"].values()) > world - 1:
+    if allowed is not None:
         return None, False  # sampling with replacement: ranks may overlap by design
     identical = bool(seen.get("identical"))
     training = all(s.get("training") for s in summaries.values())

@@ -1108,6 +1108,27 @@ def ds_no_shuffle_seed_per_rank(ctx: Ctx) -> Plan:
                 keep=model)  # fmt: skip
 
 
+def per_rank_preview_then_sharded(ctx: Ctx) -> Plan:
+    """Per-rank seeds; each rank previews 4 samples of its own random order
+    (``Subset(ds, list(RandomSampler(ds))[:4])``, iterated: by design), then trains a
+    DistributedSampler(seed=0) loader under DDP: intact. The preview's sampler drew its order
+    before any training loader iterated, from state that differs across ranks: a cause that
+    proves nothing (it is no loader's order)."""
+    model = _ddp_model()
+    seed_all(100 + ctx.rank)
+
+    def body() -> tuple[Any, Any]:
+        preview = Subset(Items(N), list(torch.utils.data.RandomSampler(Items(N)))[:4])
+        for _ in DataLoader(preview, batch_size=4):
+            pass
+        sampler: DistributedSampler[Any] = DistributedSampler(Items(N), shuffle=True, seed=0)
+        return DataLoader(Items(N), batch_size=2, sampler=sampler), sampler
+
+    loader, sampler = ctx.audited(body)
+    return Plan(loader, epochs=2, before_epoch=sampler.set_epoch, step=_ddp_step(model),
+                keep=model)  # fmt: skip
+
+
 def _tensor_files(ctx: Ctx, own: bool) -> Plan:
     """DDP, no DistributedSampler: each rank loads ``part-<rank>.pt`` (its own disjoint global
     ids when ``own``, else every rank the same whole dataset) into a TensorDataset and shuffles
@@ -1568,6 +1589,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("ds_padding", ds_padding, True),
         Scenario("ds_drop_last", ds_drop_last, True),
         Scenario("ds_no_shuffle_seed_per_rank", ds_no_shuffle_seed_per_rank, True),
+        Scenario("per_rank_preview_then_sharded", per_rank_preview_then_sharded, True),
         Scenario(
             "ddp_presharded_tensors_seed_per_rank", ddp_presharded_tensors_seed_per_rank, True
         ),
