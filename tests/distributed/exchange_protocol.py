@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader, Subset, TensorDataset
 
 import rngaudit
 from rngaudit.ranks import exchange
@@ -118,7 +118,9 @@ def late_rank(late: int) -> None:
 def modes() -> None:
     torch.manual_seed(rank)  # the ranks' splits differ: an error finding
     with outcome("modes") as box, box.audit(mode="raise" if rank == 0 else "warn", timeout=60):
-        split = Subset(range(32), torch.randperm(32)[:16].tolist())
+        split: Subset[Any] = Subset(
+            TensorDataset(torch.arange(32)), torch.randperm(32)[:16].tolist()
+        )
         DataLoader(split, batch_size=4)
 
 
