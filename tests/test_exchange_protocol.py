@@ -102,7 +102,7 @@ def test_ranks_in_different_modes_all_act_on_the_strictest(shared: Path) -> None
         message = finding(entry, "mode-mismatch")["message"]
         assert "rank 0: raise; rank 1: warn" in message
         assert "strictest, raise" in message
-        assert "sampler-draw-divergence" in entry["kinds"]
+        assert "dataset-divergence" in entry["kinds"]
     assert same(r0["audits"][0], r1["audits"][0])
 
 

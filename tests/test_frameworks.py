@@ -114,6 +114,31 @@ def test_accelerate_launch_ranks_are_audited(accelerate_launch: Run) -> None:
     assert_one_run(run)
 
 
+@pytest.fixture(scope="module", params=[None, "1"], ids=["unaudited", "RNGAUDIT=1"])
+def mp_spawn_subset(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str | None, Run]:
+    tmp = tmp_path_factory.mktemp("spawn_subset")
+    return request.param, launch(tmp, ["tests/frameworks/mp_spawn_subset.py"], request.param)
+
+
+def test_mp_spawn_per_rank_subsets_raise_before_the_first_step(
+    mp_spawn_subset: tuple[str | None, Run],
+) -> None:
+    """Issue 33's row, once found only at destroy_process_group(): the truth (unaudited) is
+    corrupted; audited, every rank raises at its loader's first iteration, before any step."""
+    mode, run = mp_spawn_subset
+    if mode is None:  # the truth
+        assert run.returncode == 0, run.stderr[-3000:]
+        distinct, duplicates, total = run.truth()
+        assert total == 32 and distinct < 32 and duplicates > 0  # measured: corrupted
+        return
+    assert run.returncode != 0
+    assert " step" not in run.stdout  # no training step on the corrupted data
+    assert "[dataset-divergence]" in run.stderr, run.stderr[-3000:]
+    assert "mp_spawn_subset.py" in run.stderr and "in worker" in run.stderr
+
+
 @pytest.fixture(scope="module")
 def mp_spawn(tmp_path_factory: pytest.TempPathFactory) -> Run:
     tmp = tmp_path_factory.mktemp("spawn")

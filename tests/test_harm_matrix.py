@@ -55,6 +55,7 @@ MUST_RAISE = {  # scenario -> first corrupted epoch
     "ddp_compiled_no_sampler": 0,
     "fsdp_shuffled_no_sampler": 0,
     "fsdp1_shuffled_no_sampler": 0,
+    "ddp_same_tensors_seed_per_rank": 0,  # the twin of ddp_presharded_tensors_seed_per_rank
 }
 # Found by the observed partition when every rank has drawn the epoch's last index batch.
 AT_EPOCH_END = {
@@ -74,6 +75,7 @@ AT_FIRST_STEP = {
     "ddp_compiled_no_sampler",  # the DDP module called through torch.compile
     "fsdp_shuffled_no_sampler",  # FSDP2 (fully_shard): noted where fully_shard returns
     "fsdp1_shuffled_no_sampler",  # FSDP1 (FullyShardedDataParallel): noted at its __init__
+    "ddp_same_tensors_seed_per_rank",  # every rank's TensorDataset holds the same tensors
 }
 # A lazily yielding sampler of a loader that partitioned before, whose first batches do not
 # overlap: what each rank was handed is compared again at training steps 2, 4, 8, ..., each
@@ -113,6 +115,13 @@ MUST_STAY_CLEAN = [
     "dispatch_batches_loader",
     "ds_drop_last",
     "ddp_big_root_self_shard_twin",
+    "ds_no_shuffle_seed_per_rank",  # the seed is unused without shuffle (twin: ds_seed_per_rank)
+    # each rank's own file in a TensorDataset, local shuffle, per-rank seeds: the same indices
+    # name different samples (twin: ddp_same_tensors_seed_per_rank)
+    "ddp_presharded_tensors_seed_per_rank",
+    # a per-rank preview drawn from a RandomSampler outside any loader, then a sharded loader
+    # (twin: spawn_style_shards_per_rank_seed, whose per-rank order is the training Subset)
+    "per_rank_preview_then_sharded",
 ]
 # Ranks overlap by design (measured in test_intended_overlap_is_what_it_claims): never an error.
 INTENDED_OVERLAP = {
@@ -141,6 +150,8 @@ HOWS = ["block", "env"]
 # launch shared by every scenario happened in the first one: under RNGAUDIT these scenarios get
 # a launch of their own, as a training script would be.
 OWN_WINDOW = ["spawn_style_shards_per_rank_seed", "spawn_style_shards_shared_seed"]
+# The same, each in a launch alone: its window must still be open when its set-up draws.
+OWN_LAUNCH = ["per_rank_preview_then_sharded"]
 
 
 def _launch(outdir: Path, how: str, only: list[str] | None = None) -> dict[int, dict[str, Any]]:
@@ -173,9 +184,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         outdir = tmp_path_factory.mktemp(f"harm-{how}")
         out[how] = _launch(outdir, how)
         out[how + "_dir"] = outdir
-    own = _launch(tmp_path_factory.mktemp("harm-env-own"), "env", OWN_WINDOW)
-    for rank in range(NPROC):
-        out["env"][rank].update({name: own[rank][name] for name in OWN_WINDOW})
+    for group in (OWN_WINDOW, *([name] for name in OWN_LAUNCH)):
+        own = _launch(tmp_path_factory.mktemp("harm-env-own"), "env", group)
+        for rank in range(NPROC):
+            out["env"][rank].update({name: own[rank][name] for name in group})
     return out
 
 

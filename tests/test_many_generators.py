@@ -15,13 +15,23 @@ from rngaudit.ranks import rules
 N = 3000  # generators of each family: well beyond naming.NAMED_PER_FAMILY
 
 # One process, one audit: N numpy generators created, N torch generators drawn from, then a
-# sampler with its own generator (seeded with argv[2]) iterated inside the block.
+# loader whose sampler has its own generator (seeded with argv[2]) draws its order inside the
+# block, before its first batch (a sampler iterated outside any loader proves nothing).
 MANY = r"""
 import gc, json, sys, weakref
 import numpy as np, torch
 import rngaudit
 from rngaudit.reports import files
+from torchdata.stateful_dataloader import StatefulDataLoader
 n, seed, report_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+
+class Perm(torch.utils.data.Sampler):  # draws its whole order when its iterator is made
+    def __init__(self, generator):
+        self.generator = generator
+    def __len__(self):
+        return 16
+    def __iter__(self):
+        return iter(torch.randperm(16, generator=self.generator).tolist())
 
 def numpy_alive():
     return sum(isinstance(o, np.random.Generator) for o in gc.get_objects())
@@ -37,9 +47,9 @@ with rngaudit.audit(report_dir=report_dir, mode="report") as audit:
     gc.collect()
     numpy_during = numpy_alive()
     own = torch.Generator().manual_seed(seed)
-    sampler = torch.utils.data.RandomSampler(range(16), generator=own)
-    order = list(sampler)
-    del sampler, own
+    loader = StatefulDataLoader(range(16), sampler=Perm(own), batch_size=None)
+    loader.state_dict()  # makes its iterator: the order is drawn before the first batch
+    del loader, own
 files.flush()
 del audit
 gc.collect()

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler, Subset, TensorDataset
 
-from rngaudit.epochs import order_rules, sharding
+from rngaudit.epochs import harm, order_rules, sharding
 from rngaudit.findings import (
     DATASET_DIVERGENCE,
     EPOCH_ORDER_REPEATED,
@@ -172,10 +172,10 @@ def test_a_subclass_prefix_is_an_error_only_once_sampling_with_replacement_is_ru
 def test_the_with_replacement_threshold_is_the_stated_poisson_bound() -> None:
     # at world 2: the least s with P(Poisson(s / 2) <= 1) ** 2 < 1e-12
     least = next(s for s in range(2, 100) if (math.exp(-s / 2) * (1 + s / 2)) ** 2 < 1e-12)
-    assert order_rules.replacement_ruled_out({"shared": least}, 2)
-    assert not order_rules.replacement_ruled_out({"shared": least - 1}, 2)
-    assert not order_rules.replacement_ruled_out({"shared": 0}, 3)
-    assert order_rules.replacement_ruled_out({"shared": 100, "shared_proven": 20}, 2) is False
+    assert harm.replacement_ruled_out({"shared": least}, 2)
+    assert not harm.replacement_ruled_out({"shared": least - 1}, 2)
+    assert not harm.replacement_ruled_out({"shared": 0}, 3)
+    assert harm.replacement_ruled_out({"shared": 100, "shared_proven": 20}, 2) is False
 
 
 def test_the_same_indices_with_different_content_are_no_evidence() -> None:
@@ -302,7 +302,7 @@ def test_whole_epochs_that_independent_draws_with_replacement_could_give_are_tol
     small = {0: summary([1, 2, *range(10, 1608)], n), 1: summary([1, 2, *range(5000, 6598)], n)}
     seen = partition.overlap(small)
     assert seen is not None and seen["shared"] == 2 and max(seen["repeats"].values()) == 0
-    assert not order_rules.by_chance_ruled_out(seen, 2)
+    assert not harm.by_chance_ruled_out(seen, 2)
     finding, _ = order_rules.observed_overlap(small, "L", "C", 0, False, True)
     assert finding is None  # with replacement, by design: no evidence of harm
     finding, _ = order_rules.observed_overlap(small, "L", "C", 1, True, True)
@@ -312,7 +312,7 @@ def test_whole_epochs_that_independent_draws_with_replacement_could_give_are_tol
     whole = {r: summary(perms[r][:48].tolist(), 64) for r in range(2)}
     seen = partition.overlap(whole)
     assert seen is not None and not seen["identical"] and seen["shared"] > 1
-    assert order_rules.by_chance_ruled_out(seen, 2)
+    assert harm.by_chance_ruled_out(seen, 2)
     finding, _ = order_rules.observed_overlap(whole, "L", "C", 0, False, True)
     assert finding is not None and finding.severity == "error"
     # n! / ((n - k)! n^k) for no repeat at all: 64 distinct of 64 draws is about 1e-26

@@ -36,6 +36,7 @@ from rngaudit.epochs import (
     ahead,
     early,
     first_step,
+    harm,
     keyed,
     observed,
     order_rules,
@@ -1249,7 +1250,10 @@ class EpochGuard:
             result = self._swap(record, f"partition/{state.index}/{epoch}", watch, "partition")
             if result is not None:
                 summaries = {int(r["rank"]): r["partition"] for r in result[0] if "partition" in r}
-                finding = order_rules.partition_overlap(summaries, state.label, chain, epoch)
+                rounds = harm.Sharding(rounds=sharding.padding_rounds(shard))
+                finding = order_rules.partition_overlap(
+                    summaries, state.label, chain, epoch, rounds
+                )
                 if finding is not None:
                     found.append(finding)
                     watch.session.add_check(label, found)

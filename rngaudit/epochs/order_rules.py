@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 from rngaudit import findings as fk
-from rngaudit.epochs import partition, sketch
+from rngaudit.epochs import harm, partition, sketch
+from rngaudit.epochs.harm import by_chance_ruled_out, replacement_ruled_out
 from rngaudit.findings import Finding
 from rngaudit.schema import EpochRecord, SamplerDraw
 from rngaudit.wording import format_site, ranks_phrase
@@ -153,11 +153,12 @@ def compare(
             out.append(_content_finding(where, contents, loader, epoch))
     states = {int(r["rank"]): r.get("sampler_state") for r in records}
     orders = {int(r["rank"]): list(r.get("order") or []) for r in records}
-    differs = [
-        key
-        for key in ("seed", "epoch", "shuffle", "drop_last", "total_size", "resume_at")
-        if len({str((s or {}).get(key)) for s in states.values()}) > 1
-    ]
+    keys = ["seed", "epoch", "shuffle", "drop_last", "total_size", "resume_at"]
+    if all((s or {}).get("shuffle") is False for s in states.values()):
+        # no shuffle: the seed and epoch draw nothing, a difference in them is no cause (a
+        # subclass that shuffles anyway draws: the shares it hands are measured instead)
+        keys = keys[2:]
+    differs = [key for key in keys if len({str((s or {}).get(key)) for s in states.values()}) > 1]
     prefix = _common_prefix_differs(orders)
     if differs or prefix or _sampler_draws_differ(records):
         finding = _order_finding(records, where, states, orders, differs, loader, epoch)
@@ -196,66 +197,12 @@ _DRAWS_ONLY = (
 )
 
 
-def beyond_padding(seen: dict[str, Any], world: int) -> bool:
-    """Whether a measured overlap (:func:`~rngaudit.epochs.partition.overlap`) is harm: more
-    samples shared than a DistributedSampler's padding (``world - 1``), while no rank repeats
-    more than that within its own share (sampling with replacement, where ranks may overlap
-    by design). Where the overlap is estimated (a sketch), only the samples proven shared
-    count."""
-    shared = int(seen.get("shared_proven", seen["shared"]))
-    return shared > world - 1 and max(seen["repeats"].values()) <= world - 1
-
-
-REPLACEMENT_ALPHA = 1e-12  # see replacement_ruled_out
-
-
-def _log_poisson_cdf(m: int, mu: float) -> float:
-    """log P(X <= m) for X ~ Poisson(mu > 0), summed in log space."""
-    terms = [-mu + j * math.log(mu) - math.lgamma(j + 1) for j in range(m + 1)]
-    top = max(terms)
-    return top + math.log(sum(math.exp(t - top) for t in terms))
-
-
-def replacement_ruled_out(seen: dict[str, Any], world: int) -> bool:
-    """Whether the samples the ranks share (:func:`~rngaudit.epochs.partition.overlap`) are
-    too many for ranks that each sample independently with replacement (an overlap by design)
-    while none repeats more than ``world - 1`` of its own: with k draws a rank from n samples,
-    each pair of ranks shares about k²/n and each rank repeats about k²/2n, so ``shared``
-    implies about ``shared / (world (world - 1))`` repeats a rank; at most ``world - 1`` on
-    every rank then has probability below ``REPLACEMENT_ALPHA`` (the plug-in; the joint
-    chance over every k stays below 1e-9 at world 2, 3: computed). A prefix of such sampling
-    overlaps long before it repeats (about one time in three the first check would cry wolf
-    without this, simulated); a share of a permutation never repeats at all."""
-    shared = int(seen.get("shared_proven", seen["shared"]))
-    if world < 2 or shared <= 0:
-        return False
-    mu = shared / (world * (world - 1))
-    return world * _log_poisson_cdf(world - 1, mu) < math.log(REPLACEMENT_ALPHA)
-
-
-def by_chance_ruled_out(seen: dict[str, Any], world: int) -> bool:
-    """Whether the ranks' whole epochs (:func:`~rngaudit.epochs.partition.overlap`, exact)
-    cannot be independent draws with replacement from the root: under that, a rank drawing k
-    of n repeats some of its own, so the chance of repeating no more than it did (exactly
-    n! / ((n - k)! n^k) for none, else a Poisson tail at the exact mean) multiplied over the
-    ranks must be below ``REPLACEMENT_ALPHA``. A small epoch of a big root sampled so (1,600
-    of 1M a rank) shares a few samples and repeats none about one epoch in three (simulated);
-    a whole permutation (every rank the whole root) cannot pass for it. An estimate (a
-    sketch) falls back to :func:`replacement_ruled_out`."""
-    if seen.get("estimated"):
-        return replacement_ruled_out(seen, world)
-    n = int(seen["root_size"])
-    log_p = 0.0
-    for r, distinct in seen["per_rank"].items():
-        repeats = int(seen["repeats"][r])
-        k = int(distinct) + repeats
-        if k < 2 or n < 1:
-            return False
-        if repeats == 0:
-            log_p += math.lgamma(n + 1) - math.lgamma(n - k + 1) - k * math.log(n)
-        else:
-            log_p += _log_poisson_cdf(repeats, k - n * (1.0 - (1.0 - 1.0 / n) ** k))
-    return log_p < math.log(REPLACEMENT_ALPHA)
+def beyond_padding(
+    seen: dict[str, Any], world: int, sharding: harm.Sharding = harm.UNKNOWN
+) -> bool:
+    """Whether a measured overlap (:func:`~rngaudit.epochs.partition.overlap`) is harm: the
+    one rule, :func:`~rngaudit.epochs.harm.harm`, with its allowance table."""
+    return harm.harm(seen, world, sharding)
 
 
 def _shared(seen: dict[str, Any]) -> str:
@@ -553,7 +500,11 @@ PARTITION_REMEDY = (
 
 
 def partition_overlap(
-    summaries: dict[int, dict[str, Any]], loader: str, chain: str, epoch: int
+    summaries: dict[int, dict[str, Any]],
+    loader: str,
+    chain: str,
+    epoch: int,
+    sharding: harm.Sharding = harm.UNKNOWN,
 ) -> Finding | None:
     """An error when the samples the ranks actually took in an epoch overlap beyond padding.
 
@@ -561,10 +512,11 @@ def partition_overlap(
     process), whatever produced it. Padding (a DistributedSampler without ``drop_last``) lets up
     to ``world - 1`` samples appear twice; a rank repeating more samples than that within its own
     share samples with replacement, and then an overlap proves nothing: no finding.
+    ``sharding``: what the trigger knows of the sharder (accelerate's even_batches rounds).
     """
     world = len(summaries)
     seen = partition.overlap(summaries)
-    if seen is None or not beyond_padding(seen, world):
+    if seen is None or not beyond_padding(seen, world, sharding):
         return None
     never = int(seen.get("never_estimate", seen["root_size"] - seen["union"]))
     counts = ", ".join(f"rank {r}: {n}" for r, n in sorted(seen["per_rank"].items()))
@@ -630,11 +582,12 @@ def observed_overlap(
     if seen is None:
         return None, False
     estimated = bool(seen.get("estimated"))
-    if int(seen.get("shared_proven", seen["shared"])) <= world - 1:
+    allowed = harm.allowed_as(seen, world)
+    if allowed in ("nothing shared", "DistributedSampler padding"):
         # a partition when the ranks covered (nearly) all of it, known exactly (a bitmap)
         exact = not estimated and seen["union"] * 10 >= seen["root_size"] * 9
         return None, exact and left is None
-    if max(seen["repeats"].values()) > world - 1:
+    if allowed is not None:
         return None, False  # sampling with replacement: ranks may overlap by design
     identical = bool(seen.get("identical"))
     training = all(s.get("training") for s in summaries.values())

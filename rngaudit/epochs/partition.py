@@ -62,13 +62,15 @@ def root_of(dataset: Any) -> Any:
 _IDENTITY_ATTRS = 32  # instance attributes of a root dataset read for its identity
 _IDENTITY_ITEMS = 64  # entries of a list attribute, evenly spaced
 _IDENTITY_VALUES = 4096  # values of an array attribute, evenly spaced
+_IDENTITY_ARRAYS = 8  # arrays in a list attribute digested by value (a TensorDataset's tensors)
 
 
 def root_identity(root: Any) -> str:
     """What tells one rank's root dataset from another's, read without ``__getitem__``: its
     class, size and its instance attributes (scalars and strings by value, lists by length
-    and evenly spaced entries, arrays by shape, dtype and evenly spaced values, anything else
-    by its class). Ranks reading their own files differ here (a path, the loaded data)."""
+    and evenly spaced entries, arrays by shape, dtype and evenly spaced values, also in a short
+    list such as a ``TensorDataset``'s ``tensors``, anything else by its class). Ranks reading
+    their own files differ here (a path, the loaded data)."""
     import zlib
 
     parts = [type(root).__qualname__, str(peek.size(root))]
@@ -94,7 +96,11 @@ def _value_digest(value: Any, crc: Any) -> str:
         step = max(1, n // _IDENTITY_ITEMS)
         picked = [value[i] for i in range(0, n, step)][:_IDENTITY_ITEMS]
         scalars = [
-            repr(v) if isinstance(v, bool | int | float | str | bytes) else type(v).__name__
+            repr(v)
+            if isinstance(v, bool | int | float | str | bytes)
+            else _value_digest(v, crc)
+            if _is_array(v) and n <= _IDENTITY_ARRAYS
+            else type(v).__name__
             for v in picked
         ]
         return f"{type(value).__name__}[{n}]:{crc(repr(scalars).encode()):08x}"

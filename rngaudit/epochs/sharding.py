@@ -54,6 +54,22 @@ def _is_iterable_shard(obj: Any) -> bool:
     return cls is not None and isinstance(obj, cls)
 
 
+def padding_rounds(shard: Any) -> int:
+    """The samples a correct ``shard`` may hand a second time to complete its last round:
+    accelerate's BatchSamplerShard with ``even_batches`` (and no ``drop_last``) re-hands the
+    epoch's first samples, at most ``num_processes x batch_size``; 0 for any other sharder
+    (a DistributedSampler pads at most ``world - 1``: the rule's own allowance)."""
+    if not _is_batch_sampler_shard(shard):
+        return 0
+    if peek.flag(peek.attr(shard, "even_batches")) is not True:
+        return 0
+    if peek.flag(peek.attr(shard, "drop_last")) is not False:
+        return 0
+    world = peek.integer(peek.attr(shard, "num_processes"), 1)
+    batch = peek.integer(peek.attr(shard, "batch_size"), 0)
+    return world * batch if world > 1 and batch > 0 else 0
+
+
 def chain(root: Any) -> list[Any]:
     """``root`` and the samplers inside it (``batch_sampler`` / ``sampler``), outermost first.
 

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 from rngaudit import config, library_samplers
 from rngaudit import findings as fk
 from rngaudit.capture import framework, naming
-from rngaudit.epochs import order_rules, partition
+from rngaudit.epochs import harm, order_rules, partition
 from rngaudit.findings import Finding
 from rngaudit.ranks import exchange
 from rngaudit.schema import DRAW, PRE_ITERATION, SEED, CallSiteDict, Event, RankRecord, SamplerDict
@@ -371,7 +371,7 @@ def _dataset_overlap(
         if len(per_rank) < world or len({str(s.get("bitmap")) for s in per_rank.values()}) < 2:
             continue
         seen = partition.overlap(per_rank)
-        if seen is None or seen["shared"] <= len(per_rank) - 1:
+        if seen is None or not harm.harm(seen, len(per_rank)):
             continue
         never = seen["root_size"] - seen["union"]
         counts = ", ".join(f"rank {r}: {n}" for r, n in sorted(seen["per_rank"].items()))
@@ -414,11 +414,16 @@ def _dataset_overlap(
 def _sampler_divergence(
     records: list[RankRecord], audit: int, mismatch: Finding | None, groups: _Groups
 ) -> list[Finding]:
+    """The cause that proves the harm before anything is measurable: a loader's sampler drew
+    its epoch-0 order before iteration (a stateful loader's prefetch in ``prepare()``) from
+    state that differs across ranks. A sampler iterated by the program itself, outside any
+    loader (``list(RandomSampler(ds))`` for a per-rank preview, or for a Subset whose overlap
+    the dataset check measures), proves nothing: no finding."""
     per_rank = {
         int(r["rank"]): [
             (e, sampler)
             for e in _pre_iteration(r, audit)
-            if (sampler := e.get("sampler")) and e["kind"] == DRAW
+            if (sampler := e.get("sampler")) and sampler.get("loader") and e["kind"] == DRAW
         ]
         for r in records
     }

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import RandomSampler
+from torch.utils.data import DataLoader, Subset, TensorDataset
 
 import rngaudit
 from rngaudit.ranks import exchange
@@ -116,9 +116,12 @@ def late_rank(late: int) -> None:
 
 
 def modes() -> None:
-    torch.manual_seed(rank)  # the sampler's epoch order differs: an error finding
+    torch.manual_seed(rank)  # the ranks' splits differ: an error finding
     with outcome("modes") as box, box.audit(mode="raise" if rank == 0 else "warn", timeout=60):
-        list(RandomSampler(range(8)))
+        split: Subset[Any] = Subset(
+            TensorDataset(torch.arange(32)), torch.randperm(32)[:16].tolist()
+        )
+        DataLoader(split, batch_size=4)
 
 
 def raised() -> None:

@@ -1091,6 +1091,70 @@ def ds_drop_last(ctx: Ctx) -> Plan:
     return _padded(ctx, True)
 
 
+def ds_no_shuffle_seed_per_rank(ctx: Ctx) -> Plan:
+    """DDP, DistributedSampler(shuffle=False, seed=rank): the seed is never used without
+    shuffle, so the ranks take disjoint contiguous shares: intact (issue 33)."""
+    model = _ddp_model()
+    seed_all(100 + ctx.rank)
+
+    def body() -> tuple[Any, Any]:
+        sampler: DistributedSampler[Any] = DistributedSampler(
+            Items(N), shuffle=False, seed=ctx.rank
+        )
+        return DataLoader(Items(N), batch_size=2, sampler=sampler), sampler
+
+    loader, sampler = ctx.audited(body)
+    return Plan(loader, epochs=2, before_epoch=sampler.set_epoch, step=_ddp_step(model),
+                keep=model)  # fmt: skip
+
+
+def per_rank_preview_then_sharded(ctx: Ctx) -> Plan:
+    """Per-rank seeds; each rank previews 4 samples of its own random order
+    (``Subset(ds, list(RandomSampler(ds))[:4])``, iterated: by design), then trains a
+    DistributedSampler(seed=0) loader under DDP: intact. The preview's sampler drew its order
+    before any training loader iterated, from state that differs across ranks: a cause that
+    proves nothing (it is no loader's order)."""
+    model = _ddp_model()
+    seed_all(100 + ctx.rank)
+
+    def body() -> tuple[Any, Any]:
+        preview = Subset(Items(N), list(torch.utils.data.RandomSampler(Items(N)))[:4])
+        for _ in DataLoader(preview, batch_size=4):
+            pass
+        sampler: DistributedSampler[Any] = DistributedSampler(Items(N), shuffle=True, seed=0)
+        return DataLoader(Items(N), batch_size=2, sampler=sampler), sampler
+
+    loader, sampler = ctx.audited(body)
+    return Plan(loader, epochs=2, before_epoch=sampler.set_epoch, step=_ddp_step(model),
+                keep=model)  # fmt: skip
+
+
+def _tensor_files(ctx: Ctx, own: bool) -> Plan:
+    """DDP, no DistributedSampler: each rank loads ``part-<rank>.pt`` (its own disjoint global
+    ids when ``own``, else every rank the same whole dataset) into a TensorDataset and shuffles
+    it locally with a per-rank seed."""
+    part = N // ctx.world
+    path = ctx.report_dir.parent / f"part-{ctx.rank}.pt"
+    ids = torch.arange(ctx.rank * part, (ctx.rank + 1) * part) if own else torch.arange(N)
+    torch.save(ids, path)
+    model = _ddp_model()
+    seed_all(100 + ctx.rank)
+    ds = torch.utils.data.TensorDataset(torch.load(path))
+    loader = ctx.audited(lambda: DataLoader(ds, batch_size=2, shuffle=True))
+    return Plan(loader, epochs=2, step=_ddp_step(model), keep=model)
+
+
+def ddp_presharded_tensors_seed_per_rank(ctx: Ctx) -> Plan:
+    """Each rank's own pre-sharded file, local shuffle, per-rank seeds: intact (the indices
+    name different samples on each rank: the TensorDatasets hold different tensors)."""
+    return _tensor_files(ctx, True)
+
+
+def ddp_same_tensors_seed_per_rank(ctx: Ctx) -> Plan:
+    """The twin: every rank loads the same data: every rank trains the whole dataset."""
+    return _tensor_files(ctx, False)
+
+
 def odd_self_sharding_eval(ctx: Ctx) -> Plan:
     """The last rank alone evaluates (a shuffled loader) after epoch 0."""
     return _self_sharding(ctx, ctx.world - 1, True, N_ODD)
@@ -1524,6 +1588,12 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("dispatch_batches_loader", dispatch_batches_loader, True),
         Scenario("ds_padding", ds_padding, True),
         Scenario("ds_drop_last", ds_drop_last, True),
+        Scenario("ds_no_shuffle_seed_per_rank", ds_no_shuffle_seed_per_rank, True),
+        Scenario("per_rank_preview_then_sharded", per_rank_preview_then_sharded, True),
+        Scenario(
+            "ddp_presharded_tensors_seed_per_rank", ddp_presharded_tensors_seed_per_rank, True
+        ),
+        Scenario("ddp_same_tensors_seed_per_rank", ddp_same_tensors_seed_per_rank, True),
         Scenario("ddp_big_root_no_sampler", ddp_big_root_no_sampler, True),
         Scenario("ddp_shuffled_no_sampler_workers", ddp_shuffled_no_sampler_workers, True),
         Scenario("ddp_compiled_no_sampler", ddp_compiled_no_sampler, True),
