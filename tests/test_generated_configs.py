@@ -57,7 +57,7 @@ def _launch(outdir: Path, how: str, world: int, configs: list[Config]) -> dict[i
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore")
     if how == "env":
         env.update(RNGAUDIT="1", RNGAUDIT_REPORT_DIR=str(outdir / "report"))
-        env.update(RNGAUDIT_TIMEOUT="60")
+        env.update(RNGAUDIT_TIMEOUT="20")
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-120:])
     results = {}
@@ -80,9 +80,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], dict
         twins = list({cfg.twin().id: cfg.twin() for cfg in configs}.values())
         for how in ("none", *HOWS):
             outdir = tmp_path_factory.mktemp(f"gen-{how}-w{world}")
-            out[how, world] = _launch(
-                outdir, how, world, configs + (twins if how == "none" else [])
-            )
+            began = time.monotonic()
+            listed = configs + (twins if how == "none" else [])
+            out[how, world] = _launch(outdir, how, world, listed)
+            print(f"generated configs, {how}, world {world}: {time.monotonic() - began:.0f} s")
     print(f"generated configs: {len(CONFIGS)} in {time.monotonic() - started:.0f} s")
     return out
 
@@ -118,7 +119,7 @@ def _describe(cfg: Config, truth: list[bool], res: dict[int, Any] | None = None)
         f"truth (corrupted per epoch): {truth}",
     ]
     for rank, r in sorted((res or {}).items()):
-        said = {k: r.get(k) for k in ("raised", "raised_at", "kinds", "crashed")}
+        said = {k: r.get(k) for k in ("raised", "raised_at", "kinds", "crashed", "raised_after")}
         lines.append(f"rank {rank}: {said} {str(r.get('message', ''))[:600]}")
     return "\n".join(lines)
 
@@ -164,10 +165,12 @@ def test_verdict_is_the_measured_truth(
     said = _describe(cfg, truth, res)
     assert not any("crashed" in r for r in res.values()), said
     if not any(truth):
-        assert not any(r["raised"] for r in res.values()), "a false error\n" + said
+        assert not any(r["raised"] or r["raised_after"] for r in res.values()), (
+            "a false error\n" + said
+        )
         return
     first = truth.index(True)
-    assert all(r["raised"] for r in res.values()), "a miss\n" + said
+    assert all(r["raised"] for r in res.values()), "a miss (on some rank)\n" + said
     for r in res.values():
         assert r["error_type"] == "RNGDivergenceError", said
         at = -1 if r["raised_at"] == "set-up" else int(r["raised_at"].split()[1])
