@@ -181,7 +181,9 @@ def build(cfg: Config, rank: int, acc: Any) -> Built:
     loader: Any
     if cfg.shard in ("dist", "dist_sub"):
         cls = DistributedSampler if cfg.shard == "dist" else UserDistributedSampler
-        dsampler = cls(ds, num_replicas=world, rank=rank, shuffle=shuffle, seed=order_seed)
+        dsampler: DistributedSampler[Any] = cls(
+            ds, num_replicas=world, rank=rank, shuffle=shuffle, seed=order_seed
+        )
         loader = DataLoader(ds, sampler=dsampler, **kw)
         set_epoch = dsampler.set_epoch
     elif cfg.shard == "accel":
@@ -242,7 +244,7 @@ def _accelerator() -> Any:
 
 def run_config(cfg: Config, how: str, rank: int, report_dir: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"epochs": [], "raised": False, "raised_at": None}
-    acc = _accelerator() if "accel" in (cfg.shard, cfg.loop) else None
+    acc: Any = _accelerator() if "accel" in (cfg.shard, cfg.loop) else None
     model: Any = None
     step: Callable[[list[int]], None] | None = None
     join: Callable[[], AbstractContextManager[Any]] = nullcontext
