@@ -6,8 +6,8 @@ import json
 import random
 from dataclasses import asdict, dataclass
 
-DEFAULT_SEED = 33
-DEFAULT_COUNT = 24  # configs per world size (RNGAUDIT_GEN_COUNT draws more)
+DEFAULT_SEEDS = (33, 7)  # RNGAUDIT_GEN_SEED: others, comma-separated
+DEFAULT_COUNT = 16  # configs per seed and world size (RNGAUDIT_GEN_COUNT draws more)
 
 SHARDS = ("dist", "dist_sub", "accel", "self", "subset_rank")
 LOOPS = ("ddp", "accel", "bare")

@@ -26,7 +26,7 @@ import pytest
 from generated_loader_configs import (
     CORRUPTIONS,
     DEFAULT_COUNT,
-    DEFAULT_SEED,
+    DEFAULT_SEEDS,
     LOOPS,
     SHARDS,
     WRAPPERS,
@@ -41,15 +41,22 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "distributed" / "generated_configs.py"
 WORLDS = (2, 3)
 HOWS = ("block", "env")
-SEED = int(os.environ.get("RNGAUDIT_GEN_SEED", DEFAULT_SEED))
+SEEDS = [int(s) for s in os.environ.get("RNGAUDIT_GEN_SEED", "").split(",") if s] or list(
+    DEFAULT_SEEDS
+)
 COUNT = int(os.environ.get("RNGAUDIT_GEN_COUNT", DEFAULT_COUNT))
 ONLY = {i for i in os.environ.get("RNGAUDIT_GEN_ONLY", "").split(",") if i}
 CONFIGS = [
-    cfg for world in WORLDS for cfg in draw(SEED, COUNT, world) if not ONLY or cfg.id in ONLY
+    cfg
+    for world in WORLDS
+    for seed in SEEDS
+    for cfg in draw(seed, COUNT, world)
+    if not ONLY or cfg.id in ONLY
 ]
 
 # Today's wrong verdicts, (how, config id) -> the root cause; each is a strict xfail, so it
-# turns red once fixed (remove its entry then). Config ids carry the seed: other seeds'
+# turns red once fixed (remove its entry then), except ONE_RANK's, which passes by chance
+# about one run in three (timing). Config ids carry the seed and their index: other seeds'
 # configs are never listed here.
 SEED_UNUSED = (
     "false error: order_rules.compare (rngaudit/epochs/order_rules.py:158) convicts on the "
@@ -76,39 +83,57 @@ UNEQUAL_BATCHES = (
     "counts (the per-rank Subsets differ in length)"
 )
 ONE_RANK = (
-    "miss on some ranks: a self-sharded epoch 1 (bare loop, no DDP) is judged at its end only "
-    "by the rank(s) publishing last (epochs/observed.py finish, :88); the others train past it "
-    "and raise only at their next observed loader (here the drain after the config)"
+    "miss on some ranks: epoch 1 of a self-sharding sampler (bare loop, no DDP) is judged at "
+    "its end by some ranks only; the others train past it and raise at their next observed "
+    "loader (here the drain after the config). epochs/observed.py finish (:88) should have "
+    "waited for every rank's summary (each iterated the loader before); why not: not isolated"
 )
 WORLD3_EPOCH1 = (
     "miss: at world 3, the last rank one epoch behind (set_epoch) on a self-sharding sampler "
     "under DDP: epoch 1 overlaps after an exact epoch 0 and nothing is found, not even a "
     "warning (the world-2 twin w2-s33-14 raises; num_workers is not the cause); not isolated"
 )
+EVEN_BATCHES = (
+    "false error: accelerate's even_batches completes the last round with the first batches "
+    "(here a whole batch shared by two ranks: the layout's promise, measured in the intact "
+    "twin); partition_overlap (rngaudit/epochs/order_rules.py:555) allows only world - 1 "
+    "shared samples (beyond_padding, :199); the same loader intact (shuffle=True, no per-rank "
+    "seed) raises the same"
+)
+PADDING_ASSUMED = (
+    "miss: one sample on two ranks and one on none (per-rank Subsets of different orders): "
+    "an overlap of world - 1 is taken for DistributedSampler padding (beyond_padding, "
+    "order_rules.py:199) though this layout pads nothing; the with-block's dataset comparison "
+    "says nothing either (not isolated)"
+)
+BOTH = {  # the same wrong verdict in the with-block and under RNGAUDIT=1
+    "w2-s33-06": ONE_RANK,
+    "w3-s33-00": BY_CHANCE,
+    "w3-s33-07": SEED_UNUSED,
+    "w3-s33-12": WORLD3_EPOCH1,
+    "w2-s7-00": SEED_UNUSED,
+    "w2-s7-01": EVEN_BATCHES,
+    "w2-s7-02": BY_CHANCE,
+    "w2-s7-03": BY_CHANCE,
+    "w2-s7-13": PADDING_ASSUMED,
+    "w3-s7-02": SEED_UNUSED,
+    "w3-s7-05": SEED_UNUSED,
+}
+ENV_ONLY = {  # the with-block catches these at set-up (the datasets, in its window)
+    "w2-s33-04": WINDOW + NO_DDP_WARNS,
+    "w2-s33-12": WINDOW + UNEQUAL_BATCHES,
+    "w3-s33-03": WINDOW + BY_CHANCE,
+    "w3-s33-09": WINDOW + NO_DDP_WARNS,
+    "w3-s33-11": WINDOW + BY_CHANCE,
+    "w3-s33-13": WINDOW + BY_CHANCE,
+    "w2-s7-12": WINDOW + NO_DDP_WARNS,
+    "w3-s7-04": WINDOW + BY_CHANCE,
+    "w3-s7-11": WINDOW + BY_CHANCE,
+    "w3-s7-12": WINDOW + NO_DDP_WARNS,
+}
 KNOWN_WRONG: dict[tuple[str, str], str] = {
-    **{
-        (how, f"w{cfg}"): reason
-        for how in HOWS
-        for cfg, reason in {
-            "2-s33-06": ONE_RANK,
-            "2-s33-20": NO_DDP_WARNS,
-            "2-s33-22": BY_CHANCE,
-            "2-s33-23": BY_CHANCE,
-            "3-s33-00": BY_CHANCE,
-            "3-s33-07": SEED_UNUSED,
-            "3-s33-12": WORLD3_EPOCH1,
-            "3-s33-17": NO_DDP_WARNS,
-            "3-s33-19": BY_CHANCE,
-            "3-s33-23": ONE_RANK,
-        }.items()
-    },
-    ("env", "w2-s33-04"): WINDOW + NO_DDP_WARNS,
-    ("env", "w2-s33-12"): WINDOW + UNEQUAL_BATCHES,
-    ("env", "w2-s33-19"): WINDOW + BY_CHANCE,
-    ("env", "w3-s33-03"): WINDOW + BY_CHANCE,
-    ("env", "w3-s33-09"): WINDOW + NO_DDP_WARNS,
-    ("env", "w3-s33-11"): WINDOW + BY_CHANCE,
-    ("env", "w3-s33-13"): WINDOW + BY_CHANCE,
+    **{(how, i): reason for how in HOWS for i, reason in BOTH.items()},
+    **{("env", i): reason for i, reason in ENV_ONLY.items()},
 }
 
 
@@ -181,7 +206,8 @@ def _truth(runs: dict[tuple[str, int], dict[int, Any]], cfg: Config) -> list[boo
 def _describe(cfg: Config, truth: list[bool], res: dict[int, Any] | None = None) -> str:
     lines = [
         f"config {cfg.as_json()}",
-        f"reproduce: RNGAUDIT_GEN_SEED={SEED} RNGAUDIT_GEN_ONLY={cfg.id} "
+        f"reproduce: RNGAUDIT_GEN_SEED={cfg.id.split('-s')[1].split('-')[0]} "
+        f"RNGAUDIT_GEN_ONLY={cfg.id} "
         "pytest tests/test_generated_configs.py (under RNGAUDIT=1 a launch's first config is "
         "inside the start-up window: an env verdict needs the configs before it, "
         f"RNGAUDIT_GEN_COUNT={COUNT} with no RNGAUDIT_GEN_ONLY)",
@@ -195,7 +221,9 @@ def _describe(cfg: Config, truth: list[bool], res: dict[int, Any] | None = None)
 
 def _marked(how: str, cfg: Config) -> Any:
     reason = KNOWN_WRONG.get((how, cfg.id))
-    marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+    # which ranks raise in time depends on timing there: not strict (it may pass by chance)
+    strict = reason != ONE_RANK
+    marks = [pytest.mark.xfail(strict=strict, reason=reason)] if reason else []
     return pytest.param(how, cfg, id=f"{how}-{cfg.id}", marks=marks)
 
 
@@ -207,8 +235,13 @@ def test_unaudited_runs_never_import_rngaudit(runs: dict[tuple[str, int], Any]) 
 
 def test_the_configs_are_drawn_as_seeded() -> None:
     """The same seed draws the same configs; the default draw covers every kind it names."""
-    assert draw(SEED, COUNT, 2) == draw(SEED, COUNT, 2)
-    default = [cfg for world in WORLDS for cfg in draw(DEFAULT_SEED, DEFAULT_COUNT, world)]
+    assert draw(SEEDS[0], COUNT, 2) == draw(SEEDS[0], COUNT, 2)
+    default = [
+        cfg
+        for world in WORLDS
+        for seed in DEFAULT_SEEDS
+        for cfg in draw(seed, DEFAULT_COUNT, world)
+    ]
     kinds = {"shard": SHARDS, "loop": LOOPS, "wrapper": WRAPPERS, "corruption": CORRUPTIONS}
     for field, named in kinds.items():
         assert {getattr(cfg, field) for cfg in default} == set(named), field
