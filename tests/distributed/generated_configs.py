@@ -374,6 +374,7 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
             results[cfg.id] = {"crashed": traceback.format_exc()}
             status = 1
+        gc.collect()  # the config's DDP module goes: no later config is taken for trained by it
         dist.barrier()  # every rank has published what it took: the drain sees it all
         if "crashed" not in results[cfg.id]:
             results[cfg.id]["raised_after"] = _drain(args.how, args.outdir / "report")
