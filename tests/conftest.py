@@ -21,6 +21,7 @@ SLOW_FIRST = [
     "test_launchers.py",
     "test_frameworks.py",
     "test_harm_matrix.py",
+    "test_generated_configs.py",
     "test_worker_shapes.py",
     "test_startup.py",
     "test_odd_rank.py",
