@@ -116,3 +116,43 @@ def _outcome(proc: subprocess.CompletedProcess[str]) -> tuple[int, Any, str]:
     lines = proc.stderr.strip().splitlines()
     error = lines[-1] if proc.returncode and lines else ""
     return proc.returncode, json.loads(proc.stdout) if proc.returncode == 0 else None, error
+
+
+VENDORED = str(ROOT / "tests" / "vendored" / "torchdata_in_order.py")
+
+
+def test_torchdata_in_order_false_tests_pass_audited_as_unaudited(tmp_path: Path) -> None:
+    """torchdata 0.11.0's own in_order=False tests (out-of-order index and iterable datasets,
+    with and without checkpointing: their batch order is the order the workers finish in)."""
+
+    def run(mode: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RNGAUDIT")}
+        report = tmp_path / mode
+        env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", RNGAUDIT_REPORT_DIR=str(report))
+        if mode in ("1", "report"):
+            env["RNGAUDIT"] = mode
+        elif mode == "with":
+            env["RNGAUDIT_VENDORED_WITH"] = "1"
+        proc = subprocess.run(
+            [sys.executable, VENDORED], env=env, capture_output=True, text=True, timeout=240
+        )
+        return proc, report
+
+    with ThreadPoolExecutor(4) as pool:
+        runs = dict(
+            zip(
+                ["plain", "1", "report", "with"],
+                pool.map(run, ["plain", "1", "report", "with"]),
+                strict=True,
+            )
+        )
+    for mode, (proc, report) in runs.items():
+        tail = f"{mode}: {proc.stderr[-3000:]}"
+        assert proc.returncode == 0 and "Ran 7 tests" in proc.stderr, tail
+        assert proc.stderr.rstrip().endswith("OK"), tail
+        if mode == "plain":
+            assert not report.exists()
+            continue
+        ranks = json.loads((report / "report.json").read_text())["ranks"]  # it was audited
+        loaders = [ld for r in ranks for ld in r["loaders"]]
+        assert any(ld["loader"].startswith("StatefulDataLoader") for ld in loaders), tail
