@@ -337,9 +337,34 @@ class WholeRun:
                     f"{self.session.report_dir}/report.json\n"
                 )
         except Exception as exc:
-            sys.stderr.write(f"rngaudit: could not write the report at {label}: {exc!r}\n")
+            kept = self.session.write_known()
+            sys.stderr.write(
+                f"rngaudit: could not conclude the audit at {label}: {cause(exc)}; "
+                + (
+                    f"{self.session.report_dir} holds what was filed before it\n"
+                    if kept
+                    else "no report written\n"
+                )
+            )
         finally:
             self._detach()
+
+
+def cause(exc: BaseException) -> str:
+    """One line naming a failure: its type, the package it was raised in, its first sentence."""
+    frame = exc.__traceback__
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    where = ""
+    if frame is not None:
+        path = frame.tb_frame.f_code.co_filename.replace(os.sep, "/")
+        for package in ("rngaudit", "torch", "accelerate", "torchdata"):
+            if f"/{package}/" in path:
+                where = f" in {package}"
+                break
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    text = text.split(". ")[0][:160]
+    return f"{type(exc).__name__}{where}" + (f" ({text})" if text else "")
 
 
 def _runs_loader_worker(process: Any) -> bool:

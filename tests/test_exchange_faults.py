@@ -10,11 +10,12 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, torchrun
 
 pytestmark = pytest.mark.timeout(300)
 SCRIPT = str(ROOT / "tests" / "distributed" / "faults.py")
@@ -92,3 +93,67 @@ def test_a_rank_terminated_by_sigterm_tells_the_others(tmp_path: Path, scenario:
     assert result(tmp_path, 1)["raised"] == "SystemExit"
     rank0 = json.loads((tmp_path / "report" / "rank-0.json").read_text())
     assert [f["kind"] for f in rank0["findings"]] == ["rank-interrupted"]
+
+
+# --- programs that die under RNGAUDIT=1 (issue 34): their error unchanged, every rank's record
+DIES = str(ROOT / "tests" / "distributed" / "dies.py")
+DYING = ["first-batch-raise", "later-epoch", "later-epoch-exit"]
+
+
+@pytest.fixture(scope="module")
+def dying(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Any, dict[str, Any]]]:
+    """One torchrun launch per scenario of tests/distributed/dies.py, run side by side."""
+
+    def launch(scenario: str) -> tuple[Any, dict[str, Any]]:
+        out = tmp_path_factory.mktemp(scenario)
+        env = {"RNGAUDIT": "1", "RNGAUDIT_REPORT_DIR": str(out / "report")}
+        proc = torchrun(DIES, scenario, env=env, timeout=240)
+        merged = out / "report" / "report.json"
+        return proc, json.loads(merged.read_text()) if merged.exists() else {}
+
+    with ThreadPoolExecutor(len(DYING)) as pool:
+        return dict(zip(DYING, pool.map(launch, DYING), strict=True))
+
+
+def _records(report: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    return {int(r["rank"]): r for r in report.get("ranks", [])}
+
+
+def test_a_program_raising_in_its_first_batch_keeps_its_error_and_its_report(
+    dying: dict[str, tuple[Any, dict[str, Any]]],
+) -> None:
+    proc, report = dying["first-batch-raise"]
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1, output[-3000:]
+    for rank in (0, 1):  # the program's own error, unchanged, on every rank
+        assert f"[rank{rank}]: ValueError: too many values to unpack (expected 2)" in output
+    assert "rngaudit: could not" not in output and "Fake" not in output, output[-3000:]
+    records = _records(report)
+    assert sorted(records) == [0, 1], report  # every rank's record, with its events
+    assert all(records[r]["events"] and records[r]["pid"] for r in records)
+    # Each rank iterated the whole dataset: a real overlap, compared at exit from the epoch each
+    # rank left early. That comparison is sometimes lost when torchrun terminates the last rank
+    # (about 1 run in 2 here): then it is named on stderr, never silently ok (left for an issue).
+    lost = "epoch 0 of DataLoader#1 was not compared" in output
+    assert report["verdict"] == "error" or lost, output[-3000:]
+    assert [a["label"] for a in report["audits"]][-1] == "process exit"
+
+
+@pytest.mark.parametrize("scenario", ["later-epoch", "later-epoch-exit"])
+def test_a_finding_at_a_later_epoch_leaves_every_ranks_record(
+    dying: dict[str, tuple[Any, dict[str, Any]]], scenario: str
+) -> None:
+    proc, report = dying[scenario]
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1, output[-3000:]
+    assert output.count("raised: RNGDivergenceError") == 2, output[-3000:]
+    assert "rngaudit: could not" not in output, output[-3000:]
+    assert report["verdict"] == "error"
+    (error,) = [f for f in report["findings"] if f["severity"] == "error"]
+    assert error["kind"] == "partition-overlap" and "epoch 1 of" in error["message"]
+    records = _records(report)
+    assert sorted(records) == [0, 1], report
+    if scenario == "later-epoch":  # the ranks concluded their window at exit: their events
+        assert all(records[r]["events"] and records[r]["pid"] for r in records)
+    else:  # gone at once after the check: each rank named, its events not filed yet
+        assert all(records[r]["events"] == [] for r in records)

@@ -777,7 +777,7 @@ class EpochGuard:
             if finding is not None and unlike:
                 finding = order_rules.content_differs(finding)
             if finding is not None:
-                found = _decided_early(epoch, label, finding)
+                found = _decided_early(epoch, label, finding, published)
         except Exception:
             log.warning("rngaudit: the first-step comparison could not compare", exc_info=True)
         _act(found, epoch.watch, label)
@@ -801,7 +801,7 @@ class EpochGuard:
                 published, epoch.label, epoch.chain, epoch.epoch, forwards, sharded_by
             )
             if finding is not None:
-                found = _decided_early(epoch, label, finding)
+                found = _decided_early(epoch, label, finding, published)
         except Exception:
             log.warning("rngaudit: the observed partition could not compare", exc_info=True)
         _act(found, epoch.watch, label)
@@ -821,7 +821,7 @@ class EpochGuard:
         )  # fmt: skip
         label = f"first training step of epoch {epoch.epoch} of {epoch.label}"
         with contextlib.suppress(Exception):
-            epoch.watch.session.add_check(label, [finding])
+            epoch.watch.session.add_check(label, [finding], arrived)
         _act([finding], epoch.watch, label)
 
     def _observed_end(self, tape: partition.Tape) -> None:
@@ -968,7 +968,7 @@ class EpochGuard:
                 finding = order_rules.content_differs(finding)
             if finding is not None:
                 found.append(finding)
-                epoch.watch.session.add_check(label, found)
+                epoch.watch.session.add_check(label, found, _ranks_of(published))
         except Exception:
             log.warning("rngaudit: the observed partition could not compare", exc_info=True)
         _act(found, epoch.watch, label)
@@ -1194,7 +1194,7 @@ class EpochGuard:
             if finding is not None:
                 found.append(finding)
                 first_step.DECIDED.add((epoch.key, epoch.epoch))
-                epoch.watch.session.add_check(label, found)
+                epoch.watch.session.add_check(label, found, published)
         except Exception:
             log.warning("rngaudit: the keyed first-step comparison failed", exc_info=True)
         _act(found, epoch.watch, label)
@@ -1218,7 +1218,7 @@ class EpochGuard:
             )  # fmt: skip
             if finding is not None:
                 found.append(finding)
-                epoch.watch.session.add_check(label, found)
+                epoch.watch.session.add_check(label, found, _ranks_of(published))
         except Exception:
             log.warning("rngaudit: the keyed partition could not compare", exc_info=True)
         _act(found, epoch.watch, label)
@@ -1252,7 +1252,7 @@ class EpochGuard:
                 finding = order_rules.partition_overlap(summaries, state.label, chain, epoch)
                 if finding is not None:
                     found.append(finding)
-                    watch.session.add_check(label, found)
+                    watch.session.add_check(label, found, _ranks_of(result[0]))
         except Exception:
             log.warning("rngaudit: the partition check could not compare", exc_info=True)
         finally:
@@ -1439,10 +1439,15 @@ class EpochGuard:
             found.append(repeat)
         label = f"epoch {record['epoch']} of {record['loader']} ({record['chain']})"
         try:
-            watch.session.add_check(label, found)
+            watch.session.add_check(label, found, _ranks_of(exchanged[0]))
         except Exception:
             log.warning("rngaudit: could not write the order check's report", exc_info=True)
         return found
+
+
+def _ranks_of(records: Any) -> list[int]:
+    """The ranks of exchanged records (those that took part in a check)."""
+    return [int(r["rank"]) for r in records if isinstance(r, dict) and "rank" in r]
 
 
 def _shard_key(state: _LoaderState) -> str:
@@ -1451,11 +1456,13 @@ def _shard_key(state: _LoaderState) -> str:
     return f"shard/{state.index}"
 
 
-def _decided_early(epoch: observed.Epoch, label: str, finding: Finding) -> list[Finding]:
+def _decided_early(
+    epoch: observed.Epoch, label: str, finding: Finding, published: dict[int, Any]
+) -> list[Finding]:
     """A finding on an epoch before its end: filed in the report, and the epoch's end does not
     judge it again."""
     first_step.DECIDED.add((epoch.key, epoch.epoch))
-    epoch.watch.session.add_check(label, [finding])
+    epoch.watch.session.add_check(label, [finding], published)
     return [finding]
 
 

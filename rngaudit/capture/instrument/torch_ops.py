@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import threading
@@ -129,6 +130,11 @@ class KeyedKernels:
             self.specs[qualified] = spec
             lib.impl(qualified.removesuffix(".default"), self._kernel(spec), KEY_NAME)
         self._libs = (fallback, lib)  # kept alive: a Library deregisters when collected
+        # At interpreter exit weakref's finalizers deregister every Library (torch's fallthrough
+        # at the key included): any op a thread then runs with the key still on fails
+        # (NotImplementedError "... from the 'Fake' backend"), the exit report's reads too.
+        # Registered after those finalizers' exit hook, this runs before it: the key goes off.
+        atexit.register(self.off)
 
     def _kernel(self, spec: OpSpec) -> Callable[..., Any]:
         key, switch, op = self.key, self._set, spec.call
