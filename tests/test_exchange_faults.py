@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, torchrun
+from conftest import ROOT, run_python, torchrun
 
 pytestmark = pytest.mark.timeout(300)
 SCRIPT = str(ROOT / "tests" / "distributed" / "faults.py")
@@ -97,7 +97,7 @@ def test_a_rank_terminated_by_sigterm_tells_the_others(tmp_path: Path, scenario:
 
 # --- programs that die under RNGAUDIT=1 (issue 34): their error unchanged, every rank's record
 DIES = str(ROOT / "tests" / "distributed" / "dies.py")
-DYING = ["first-batch-raise", "later-epoch", "later-epoch-exit"]
+DYING = ["first-batch-raise", "later-epoch", "later-epoch-exit", "one-rank-raises"]
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +107,15 @@ def dying(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Any, dict
     def launch(scenario: str) -> tuple[Any, dict[str, Any]]:
         out = tmp_path_factory.mktemp(scenario)
         env = {"RNGAUDIT": "1", "RNGAUDIT_REPORT_DIR": str(out / "report")}
+        if scenario == "one-rank-raises":
+            env["RNGAUDIT_TIMEOUT"] = "5"  # how long rank 1 waits for rank 0 at exit
         proc = torchrun(DIES, scenario, env=env, timeout=240)
+        if scenario == "one-rank-raises":  # read as users read it: whatever files there are
+            shown = run_python(
+                ["-m", "rngaudit", "report", str(out / "report"), "--format", "json"]
+            )
+            assert shown.returncode in (0, 1), shown.stderr
+            return proc, json.loads(shown.stdout)
         merged = out / "report" / "report.json"
         return proc, json.loads(merged.read_text()) if merged.exists() else {}
 
@@ -157,3 +165,21 @@ def test_a_finding_at_a_later_epoch_leaves_every_ranks_record(
         assert all(records[r]["events"] and records[r]["pid"] for r in records)
     else:  # gone at once after the check: each rank named, its events not filed yet
         assert all(records[r]["events"] == [] for r in records)
+
+
+def test_a_rank_dying_of_its_own_error_leaves_a_report_naming_every_rank(
+    dying: dict[str, tuple[Any, dict[str, Any]]],
+) -> None:
+    """Rank 1 raises mid-epoch (inside the RNGAUDIT window) while rank 0 waits in DDP's
+    all-reduce; rank 1 waits for rank 0 at exit (10 s), then leaves; rank 0 gets gloo's error and
+    may be terminated by torchrun at any point of its exit: whatever it wrote, every rank has a
+    record or is named missing, and rank 1's error is its own, unchanged."""
+    proc, report = dying["one-rank-raises"]
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1, output[-3000:]
+    assert "[rank1]: RuntimeError: rank 1's own bug" in output
+    assert "rngaudit: could not" not in output, output[-3000:]
+    present = {int(r["rank"]) for r in report["ranks"]}
+    named = {r for f in report["findings"] if f["kind"] == "rank-missing" for r in f["ranks"]}
+    assert 1 in present and present | named == {0, 1}, report
+    assert report["verdict"] == "error"  # a rank missing from a comparison is an error

@@ -6,6 +6,8 @@ later-epoch:       a rank-0-only draw between epochs skews the global generator 
     sampler draws from: rngaudit raises at epoch 1's check; the program dies of it.
 later-epoch-exit:  the same, and the program leaves at once (``os._exit``: no exit handlers),
     so the report written at the check is the last word.
+one-rank-raises:   rank 1's own code raises in its third batch while rank 0 trains on (blocked
+    in DDP's gradient all-reduce, where torchrun's SIGTERM ends it once rank 1 has exited).
 """
 
 from __future__ import annotations
@@ -43,7 +45,12 @@ class OwnShare(Sampler[int]):
 
 torch.manual_seed(42)
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1))
-if scenario == "first-batch-raise":
+if scenario == "one-rank-raises":
+    for step, batch in enumerate(DataLoader(Items(), batch_size=2, sampler=OwnShare())):
+        if rank == 1 and step == 2:
+            raise RuntimeError("rank 1's own bug")
+        model(batch).sum().backward()
+elif scenario == "first-batch-raise":
     for batch in DataLoader(Items(), batch_size=4, sampler=RandomSampler(Items())):
         x, y = batch  # the user's bug: a batch is one tensor
         model(x).sum().backward()
