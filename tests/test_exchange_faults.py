@@ -97,7 +97,7 @@ def test_a_rank_terminated_by_sigterm_tells_the_others(tmp_path: Path, scenario:
 
 # --- programs that die under RNGAUDIT=1 (issue 34): their error unchanged, every rank's record
 DIES = str(ROOT / "tests" / "distributed" / "dies.py")
-DYING = ["first-batch-raise", "later-epoch", "later-epoch-exit", "one-rank-raises"]
+DYING = ["first-batch-raise", "later-epoch", "later-epoch-exit", "one-rank-raises", "ctrl-c"]
 
 
 @pytest.fixture(scope="module")
@@ -183,3 +183,17 @@ def test_a_rank_dying_of_its_own_error_leaves_a_report_naming_every_rank(
     named = {r for f in report["findings"] if f["kind"] == "rank-missing" for r in f["ranks"]}
     assert 1 in present and present | named == {0, 1}, report
     assert report["verdict"] == "error"  # a rank missing from a comparison is an error
+
+
+def test_ctrl_c_inside_the_window_keeps_the_interrupt_and_every_ranks_record(
+    dying: dict[str, tuple[Any, dict[str, Any]]],
+) -> None:
+    proc, report = dying["ctrl-c"]
+    output = proc.stdout + proc.stderr
+    assert "[rank0]: KeyboardInterrupt" in output and "[rank1]: KeyboardInterrupt" in output
+    assert "exitcode  : -2" in output, output[-3000:]  # the interrupt, unchanged
+    assert "rngaudit: could not" not in output, output[-3000:]
+    records = _records(report)
+    assert sorted(records) == [0, 1] and all(records[r]["events"] for r in records), report
+    assert report["verdict"] == "ok"  # one permutation, a share each: nothing wrong
+    assert [a["label"] for a in report["audits"]] == ["process exit"]

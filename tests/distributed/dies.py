@@ -8,11 +8,14 @@ later-epoch-exit:  the same, and the program leaves at once (``os._exit``: no ex
     so the report written at the check is the last word.
 one-rank-raises:   rank 1's own code raises in its third batch while rank 0 trains on (blocked
     in DDP's gradient all-reduce, where torchrun's SIGTERM ends it once rank 1 has exited).
+ctrl-c:            Ctrl-C in the third batch (SIGINT on every rank, as a terminal sends it to
+    the process group): KeyboardInterrupt, inside the RNGAUDIT window.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Iterator
 
@@ -45,7 +48,12 @@ class OwnShare(Sampler[int]):
 
 torch.manual_seed(42)
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1))
-if scenario == "one-rank-raises":
+if scenario == "ctrl-c":
+    for step, batch in enumerate(DataLoader(Items(), batch_size=2, sampler=OwnShare())):
+        if step == 2:
+            signal.raise_signal(signal.SIGINT)
+        model(batch).sum().backward()
+elif scenario == "one-rank-raises":
     for step, batch in enumerate(DataLoader(Items(), batch_size=2, sampler=OwnShare())):
         if rank == 1 and step == 2:
             raise RuntimeError("rank 1's own bug")
