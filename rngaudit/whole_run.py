@@ -99,7 +99,9 @@ class WholeRun:
         # The worker check outlives the window: its hook is not in the window's ledger.
         self.monitor_hooks.when_imported("torch.utils.data.dataloader", self._install_monitor)
         if self.epochs != "off":
-            watch = order_check.Watch(self.settings, self.session, self.epochs == "all")
+            watch = order_check.Watch(
+                self.settings, self.session, self.epochs == "all", self._before_raise
+            )
             order_check.GUARD.watch_all(watch)
         self.fork_hooks.when_imported("multiprocessing.util", self._watch_forks)
         for module, cls, method, label in RESUME_HOOKS:
@@ -258,6 +260,17 @@ class WholeRun:
             return True
         self._sequential.add(id(loader))
         return False
+
+    def _before_raise(self, label: str) -> None:
+        """An epoch's check is about to raise on every rank: conclude the open window first
+        (every rank's record, with its events, in the report) and keep recording. (The check
+        runs with the recorder paused: no busy test here.)"""
+        if self.window_open and os.getpid() == self.pid:
+            self.checkpoint(
+                f"before raising at {label}",
+                timeout=min(self.settings.timeout, EXIT_TIMEOUT),
+                raising=False,
+            )
 
     def _destroy(
         self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kw: dict[str, Any]

@@ -46,7 +46,7 @@ from rngaudit.epochs import (
 from rngaudit.errors import RNGAuditError
 from rngaudit.findings import Finding
 from rngaudit.ranks import exchange
-from rngaudit.ranks.policy import act
+from rngaudit.ranks.policy import act, fails
 from rngaudit.reports.model import AuditReport
 from rngaudit.schema import DRAW
 from rngaudit.wording import ranks_phrase
@@ -61,6 +61,10 @@ class Watch:
     settings: Settings
     session: Any  # rngaudit.ranks.session.Session
     every_epoch: bool
+    # Called on every rank (with the check's label) before a check raises: the whole-run
+    # audit concludes its open window there, so the report holds every rank's events even if
+    # the program is then killed before its exit handlers run.
+    before_raise: Callable[[str], None] | None = None
 
 
 @dataclass
@@ -1762,6 +1766,13 @@ def _act(found: list[Finding], watch: Watch, label: str) -> None:
     if not found:
         return
     session = watch.session
+    if watch.before_raise is not None and any(
+        fails(f, watch.settings.mode, watch.settings.strict) for f in found
+    ):
+        try:
+            watch.before_raise(label)
+        except Exception:  # the check's own verdict still stands and is raised
+            log.warning("rngaudit: could not conclude the audit window", exc_info=True)
     report = AuditReport(
         findings=found,
         world_size=int(getattr(session, "world_size", 1)),
