@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from conftest import ROOT
+from conftest import ROOT, torchrun
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -156,3 +156,23 @@ def test_torchdata_in_order_false_tests_pass_audited_as_unaudited(tmp_path: Path
         ranks = json.loads((report / "report.json").read_text())["ranks"]  # it was audited
         loaders = [ld for r in ranks for ld in r["loaders"]]
         assert any(ld["loader"].startswith("StatefulDataLoader") for ld in loaders), tail
+
+
+def test_out_of_order_distributed_loader_keeps_its_order_under_rngaudit(tmp_path: Path) -> None:
+    """in_order=False under a DistributedSampler, 2 ranks: the worker check and the order check
+    both wrap its iterator (the order check's plain subclass built on the worker check's, which
+    recursed without end); the batches come in the order they do unaudited."""
+    script = str(ROOT / "tests" / "distributed" / "out_of_order.py")
+
+    def run(audited: bool) -> dict[tuple[int, int], list[int]]:
+        env = {"RNGAUDIT": "1", "RNGAUDIT_REPORT_DIR": str(tmp_path / "report")} if audited else {}
+        proc = torchrun(script, env=env, timeout=240)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+        return {(d["rank"], d["epoch"]): d["order"] for d in lines}
+
+    with ThreadPoolExecutor(2) as pool:
+        plain, audited = pool.map(run, [False, True])
+    assert len(plain) == 4 and plain[(0, 0)][-2:] == [0, 4]  # worker 0's come last
+    assert audited == plain
+    assert json.loads((tmp_path / "report" / "report.json").read_text())["ranks"]

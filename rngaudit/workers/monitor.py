@@ -114,13 +114,29 @@ _subclass_lock = forksafe.lock()
 _checking_subclasses: dict[type, type] = {}
 
 
+def _checking_class(cls: type) -> type | None:
+    """The checking subclass in ``cls``'s MRO: ``cls`` itself, or a class another wrapper
+    (the order check's plain subclass) built on top of it while the check was armed."""
+    return next((c for c in cls.__mro__ if c.__dict__.get(_MARKER_ATTR, False)), None)
+
+
 def _disarm(iterator: Any) -> _IteratorCheck | None:
-    """Take the check off the iterator and give it back its own class."""
+    """Take the check off the iterator and give it back its own class (when nothing was built
+    on top of the checking subclass; else its ``__next__`` passes through from now on)."""
     check: _IteratorCheck | None = vars(iterator).pop(_CHECK_ATTR, None)
     cls = type(iterator)
     if cls.__dict__.get(_MARKER_ATTR, False):
         iterator.__class__ = cls.__base__
     return check
+
+
+def _own_next(iterator: Any) -> Any:
+    """The iterator's ``__next__`` below the checking subclass (no check)."""
+    sub = _checking_class(type(iterator))
+    if sub is None:  # its own class again
+        return next(iterator)
+    base: Any = sub.__base__
+    return base.__next__(iterator)
 
 
 def _first_batch_next(self: Any) -> Any:
@@ -129,7 +145,7 @@ def _first_batch_next(self: Any) -> Any:
         return _deferred_next(self, check)
     check = _disarm(self)
     try:
-        batch = next(self)
+        batch = _own_next(self)
     except StopIteration:
         if check is not None:
             check.run(self)
@@ -148,10 +164,8 @@ def _deferred_next(self: Any, check: _IteratorCheck) -> Any:
     is the order in which its workers finish them, so the check never waits; it looks once per
     batch whether every worker given work has reported, and runs when they have (or when the
     monitor's timeout has passed since the first batch, or at the epoch's end)."""
-    cls = type(self)
-    base: Any = cls.__base__ if cls.__dict__.get(_MARKER_ATTR, False) else cls
     try:
-        batch = base.__next__(self)
+        batch = _own_next(self)
     except StopIteration:
         _disarm(self)
         check.run(self, wait=False)
