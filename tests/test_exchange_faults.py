@@ -97,7 +97,15 @@ def test_a_rank_terminated_by_sigterm_tells_the_others(tmp_path: Path, scenario:
 
 # --- programs that die under RNGAUDIT=1 (issue 34): their error unchanged, every rank's record
 DIES = str(ROOT / "tests" / "distributed" / "dies.py")
-DYING = ["first-batch-raise", "later-epoch", "later-epoch-exit", "one-rank-raises", "ctrl-c"]
+DYING = [
+    "first-batch-raise",
+    "later-epoch",
+    "later-epoch-exit",
+    "one-rank-raises",
+    "first-step-alone",
+    "ctrl-c",
+]
+ALONE = ("one-rank-raises", "first-step-alone")  # rank 1 dies, rank 0 waits for it
 
 
 @pytest.fixture(scope="module")
@@ -107,10 +115,10 @@ def dying(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Any, dict
     def launch(scenario: str) -> tuple[Any, dict[str, Any]]:
         out = tmp_path_factory.mktemp(scenario)
         env = {"RNGAUDIT": "1", "RNGAUDIT_REPORT_DIR": str(out / "report")}
-        if scenario == "one-rank-raises":
+        if scenario in ALONE:
             env["RNGAUDIT_TIMEOUT"] = "5"  # how long rank 1 waits for rank 0 at exit
         proc = torchrun(DIES, scenario, env=env, timeout=240)
-        if scenario == "one-rank-raises":  # read as users read it: whatever files there are
+        if scenario in ALONE:  # read as users read it: whatever files there are
             shown = run_python(
                 ["-m", "rngaudit", "report", str(out / "report"), "--format", "json"]
             )
@@ -166,14 +174,16 @@ def test_a_finding_at_a_later_epoch_leaves_every_ranks_record(
     assert "before raising at observed partition of epoch 1 of DataLoader#1" in " ".join(labels)
 
 
+@pytest.mark.parametrize("scenario", ALONE)
 def test_a_rank_dying_of_its_own_error_leaves_a_report_naming_every_rank(
-    dying: dict[str, tuple[Any, dict[str, Any]]],
+    dying: dict[str, tuple[Any, dict[str, Any]]], scenario: str
 ) -> None:
     """Rank 1 raises mid-epoch (inside the RNGAUDIT window) while rank 0 waits in DDP's
-    all-reduce; rank 1 waits for rank 0 at exit (10 s), then leaves; rank 0 gets gloo's error and
+    all-reduce, or in its first batch while rank 0 waits for it in the first-step meeting; rank 1
+    waits for rank 0 at exit (RNGAUDIT_TIMEOUT, 5 s), then leaves; rank 0 gets gloo's error and
     may be terminated by torchrun at any point of its exit: whatever it wrote, every rank has a
     record or is named missing, and rank 1's error is its own, unchanged."""
-    proc, report = dying["one-rank-raises"]
+    proc, report = dying[scenario]
     output = proc.stdout + proc.stderr
     assert proc.returncode == 1, output[-3000:]
     assert "[rank1]: RuntimeError: rank 1's own bug" in output
@@ -182,6 +192,9 @@ def test_a_rank_dying_of_its_own_error_leaves_a_report_naming_every_rank(
     named = {r for f in report["findings"] if f["kind"] == "rank-missing" for r in f["ranks"]}
     assert 1 in present and present | named == {0, 1}, report
     assert report["verdict"] == "error"  # a rank missing from a comparison is an error
+    if scenario == "first-step-alone":  # the meeting named rank 1, who never came
+        meeting = [f for f in report["findings"] if "first training step" in f["message"]]
+        assert meeting and meeting[0]["ranks"] == [1], report["findings"]
 
 
 def test_ctrl_c_inside_the_window_keeps_the_interrupt_and_every_ranks_record(

@@ -8,6 +8,8 @@ later-epoch-exit:  the same, and the program leaves at once (``os._exit``: no ex
     so the report written at the check is the last word.
 one-rank-raises:   rank 1's own code raises in its third batch while rank 0 trains on (blocked
     in DDP's gradient all-reduce, where torchrun's SIGTERM ends it once rank 1 has exited).
+first-step-alone:  rank 1's own code raises in its first batch before the forward, while rank 0
+    waits for it in the first-step meeting (its module's first training forward).
 ctrl-c:            Ctrl-C in the third batch (SIGINT on every rank, as a terminal sends it to
     the process group): KeyboardInterrupt, inside the RNGAUDIT window.
 """
@@ -53,9 +55,10 @@ if scenario == "ctrl-c":
         if step == 2:
             signal.raise_signal(signal.SIGINT)
         model(batch).sum().backward()
-elif scenario == "one-rank-raises":
+elif scenario in ("one-rank-raises", "first-step-alone"):
+    fails_at = 2 if scenario == "one-rank-raises" else 0
     for step, batch in enumerate(DataLoader(Items(), batch_size=2, sampler=OwnShare())):
-        if rank == 1 and step == 2:
+        if rank == 1 and step == fails_at:
             raise RuntimeError("rank 1's own bug")
         model(batch).sum().backward()
 elif scenario == "first-batch-raise":
