@@ -103,6 +103,7 @@ DYING = [
     "later-epoch-exit",
     "one-rank-raises",
     "first-step-alone",
+    "destroy-alone",
     "ctrl-c",
 ]
 ALONE = ("one-rank-raises", "first-step-alone")  # rank 1 dies, rank 0 waits for it
@@ -209,3 +210,20 @@ def test_ctrl_c_inside_the_window_keeps_the_interrupt_and_every_ranks_record(
     assert sorted(records) == [0, 1] and all(records[r]["events"] for r in records), report
     assert report["verdict"] == "ok"  # one permutation, a share each: nothing wrong
     assert [a["label"] for a in report["audits"]] == ["process exit"]
+
+
+def test_a_rank_raising_while_the_other_concludes_in_destroy_process_group(
+    dying: dict[str, tuple[Any, dict[str, Any]]],
+) -> None:
+    """Rank 0 concludes the RNGAUDIT window in destroy_process_group(); rank 1, whose own code
+    raised before it got there, concludes at its exit: the two pair, both records are there."""
+    proc, report = dying["destroy-alone"]
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1, output[-3000:]
+    assert "[rank1]: RuntimeError: rank 1's own bug after the epoch" in output
+    assert "local_rank: 0" not in output  # rank 0 ended normally
+    assert "rngaudit: could not" not in output, output[-3000:]
+    records = _records(report)
+    assert sorted(records) == [0, 1] and all(records[r]["events"] for r in records), report
+    assert report["verdict"] == "ok"
+    assert [a["label"] for a in report["audits"]] == ["destroy_process_group()"]

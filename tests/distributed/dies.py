@@ -10,6 +10,9 @@ one-rank-raises:   rank 1's own code raises in its third batch while rank 0 trai
     in DDP's gradient all-reduce, where torchrun's SIGTERM ends it once rank 1 has exited).
 first-step-alone:  rank 1's own code raises in its first batch before the forward, while rank 0
     waits for it in the first-step meeting (its module's first training forward).
+destroy-alone:     rank 0 trains its epoch and calls destroy_process_group() (where the
+    RNGAUDIT window concludes, waiting for the other ranks); rank 1's own code raises after the
+    epoch, before it would have.
 ctrl-c:            Ctrl-C in the third batch (SIGINT on every rank, as a terminal sends it to
     the process group): KeyboardInterrupt, inside the RNGAUDIT window.
 """
@@ -50,7 +53,13 @@ class OwnShare(Sampler[int]):
 
 torch.manual_seed(42)
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1))
-if scenario == "ctrl-c":
+if scenario == "destroy-alone":
+    for batch in DataLoader(Items(), batch_size=2, sampler=OwnShare()):
+        model(batch).sum().backward()
+    if rank == 1:
+        raise RuntimeError("rank 1's own bug after the epoch")
+    dist.destroy_process_group()
+elif scenario == "ctrl-c":
     for step, batch in enumerate(DataLoader(Items(), batch_size=2, sampler=OwnShare())):
         if step == 2:
             signal.raise_signal(signal.SIGINT)
