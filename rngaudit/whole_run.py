@@ -356,7 +356,7 @@ class WholeRun:
                 + (
                     f"{self.session.report_dir} holds what was filed before it\n"
                     if kept
-                    else "no report written\n"
+                    else "writing what was filed failed too\n"
                 )
             )
         finally:
@@ -375,8 +375,11 @@ def cause(exc: BaseException) -> str:
             if f"/{package}/" in path:
                 where = f" in {package}"
                 break
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    text = text.split(". ")[0][:160]
+    try:
+        text = str(exc).strip()
+    except Exception:  # an exception whose str() raises: named by its type alone
+        text = ""
+    text = text.splitlines()[0].split(". ")[0][:160] if text else ""
     return f"{type(exc).__name__}{where}" + (f" ({text})" if text else "")
 
 

@@ -212,3 +212,11 @@ def test_a_failure_to_conclude_is_named_in_one_line() -> None:
     assert line.startswith(("RuntimeError", "TypeError")) and " in torch" in line, line
     assert whole_run.cause(ValueError("")) == "ValueError"
     assert whole_run.cause(OSError("disk full. Then more")) == "OSError (disk full)"
+
+
+def test_a_failure_whose_text_fails_is_named_by_its_type() -> None:
+    class Hostile(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+    assert whole_run.cause(Hostile()) == "Hostile"

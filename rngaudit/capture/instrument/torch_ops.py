@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import logging
 import threading
@@ -134,7 +135,7 @@ class KeyedKernels:
         # at the key included): any op a thread then runs with the key still on fails
         # (NotImplementedError "... from the 'Fake' backend"), the exit report's reads too.
         # Registered after those finalizers' exit hook, this runs before it: the key goes off.
-        atexit.register(self.off)
+        atexit.register(self._off_at_exit)
 
     def _kernel(self, spec: OpSpec) -> Callable[..., Any]:
         key, switch, op = self.key, self._set, spec.call
@@ -154,6 +155,10 @@ class KeyedKernels:
                 switch(key, True)
 
         return kernel
+
+    def _off_at_exit(self) -> None:
+        with contextlib.suppress(Exception):
+            self.off()
 
     def on(self) -> None:
         """Switch the key on for this thread (threads started later do not inherit it)."""
