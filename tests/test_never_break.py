@@ -138,6 +138,10 @@ def test_torchdata_in_order_false_tests_pass_audited_as_unaudited(tmp_path: Path
         )
         return proc, report
 
+    from importlib.metadata import version
+
+    pinned = "0.11.0"  # requirements-test.txt; the tests were vendored at this tag
+    assert version("torchdata") == pinned, "re-vendor tests/vendored/torchdata_in_order.py"
     with ThreadPoolExecutor(4) as pool:
         runs = dict(
             zip(
