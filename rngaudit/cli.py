@@ -27,7 +27,7 @@ from rngaudit.reports.diff_text import render_diff_json, render_diff_markdown, r
 from rngaudit.reports.files import set_aside, write_text
 from rngaudit.reports.html_page import render_diff_html, render_html
 from rngaudit.reports.model import AuditReport
-from rngaudit.reports.reading import find_report_files, load_report_dir
+from rngaudit.reports.reading import attempt_dirs, load_run
 from rngaudit.reports.report_text import (
     render_json,
     render_markdown,
@@ -85,7 +85,11 @@ def _parser() -> argparse.ArgumentParser:
     report = commands.add_parser(
         "report",
         help="show the report in a report directory",
-        description="Show the audit report in DIR (report.json, or the rank files merged).",
+        description=(
+            "Show the audit report in DIR (report.json, or the rank files merged); when DIR "
+            "holds several torchrun restart attempts (attempt-N/), all of them: each finding "
+            "named by its attempt, the verdict the worst."
+        ),
         epilog=(
             "example:\n"
             "  rngaudit report rngaudit-report --format html > report.html\n\n"
@@ -101,6 +105,12 @@ def _parser() -> argparse.ArgumentParser:
         help=f"report directory (default: ${ENV_REPORT_DIR} or ./{DEFAULT_REPORT_DIR})",
     )
     report.add_argument("--format", choices=tuple(RENDERERS), default="text")
+    report.add_argument(
+        "--attempt",
+        type=_attempt_number,
+        metavar="N",
+        help="only torchrun restart attempt N (0: the first, in DIR; N: DIR/attempt-N)",
+    )
     _add_fail_on(report)
     report.set_defaults(func=_report)
 
@@ -172,8 +182,14 @@ def _add_fail_on(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _attempt_number(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"not an attempt number (0, 1, ...): {text!r}")
+    return int(text)
+
+
 def _report(args: argparse.Namespace) -> int:
-    report = load_report_dir(_report_dir(args.dir))
+    report = load_run(_report_dir(args.dir), args.attempt)
     if args.format == "json":
         write_json(report, sys.stdout)  # a large report is not held twice; JSON escapes all
     else:
@@ -234,7 +250,7 @@ def _run(args: argparse.Namespace) -> int:
     if returncode < 0:  # killed by a signal: report it the way a shell does
         returncode = 128 - returncode
 
-    if not find_report_files(directory):
+    if not attempt_dirs(directory):
         if returncode:
             _error(f"no report was written to {directory}", note=True)
             return returncode
@@ -243,7 +259,7 @@ def _run(args: argparse.Namespace) -> int:
             "installed, and start an audit?"
         )
     try:
-        report = load_report_dir(directory)
+        report = load_run(directory)
     except ReportError as exc:
         if returncode:
             _error(str(exc), note=True)

@@ -99,7 +99,9 @@ class WholeRun:
         # The worker check outlives the window: its hook is not in the window's ledger.
         self.monitor_hooks.when_imported("torch.utils.data.dataloader", self._install_monitor)
         if self.epochs != "off":
-            watch = order_check.Watch(self.settings, self.session, self.epochs == "all")
+            watch = order_check.Watch(
+                self.settings, self.session, self.epochs == "all", self._before_raise
+            )
             order_check.GUARD.watch_all(watch)
         self.fork_hooks.when_imported("multiprocessing.util", self._watch_forks)
         for module, cls, method, label in RESUME_HOOKS:
@@ -259,6 +261,17 @@ class WholeRun:
         self._sequential.add(id(loader))
         return False
 
+    def _before_raise(self, label: str) -> None:
+        """An epoch's check is about to raise on every rank: conclude the open window first
+        (every rank's record, with its events, in the report) and keep recording. (The check
+        runs with the recorder paused: no busy test here.)"""
+        if self.window_open and os.getpid() == self.pid:
+            self.checkpoint(
+                f"before raising at {label}",
+                timeout=min(self.settings.timeout, EXIT_TIMEOUT),
+                raising=False,
+            )
+
     def _destroy(
         self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kw: dict[str, Any]
     ) -> Any:
@@ -337,9 +350,37 @@ class WholeRun:
                     f"{self.session.report_dir}/report.json\n"
                 )
         except Exception as exc:
-            sys.stderr.write(f"rngaudit: could not write the report at {label}: {exc!r}\n")
+            kept = self.session.write_known()
+            sys.stderr.write(
+                f"rngaudit: could not conclude the audit at {label}: {cause(exc)}; "
+                + (
+                    f"{self.session.report_dir} holds what was filed before it\n"
+                    if kept
+                    else "writing what was filed failed too\n"
+                )
+            )
         finally:
             self._detach()
+
+
+def cause(exc: BaseException) -> str:
+    """One line naming a failure: its type, the package it was raised in, its first sentence."""
+    frame = exc.__traceback__
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    where = ""
+    if frame is not None:
+        path = frame.tb_frame.f_code.co_filename.replace(os.sep, "/")
+        for package in ("rngaudit", "torch", "accelerate", "torchdata"):
+            if f"/{package}/" in path:
+                where = f" in {package}"
+                break
+    try:
+        text = str(exc).strip()
+    except Exception:  # an exception whose str() raises: named by its type alone
+        text = ""
+    text = text.splitlines()[0].split(". ")[0][:160] if text else ""
+    return f"{type(exc).__name__}{where}" + (f" ({text})" if text else "")
 
 
 def _runs_loader_worker(process: Any) -> bool:

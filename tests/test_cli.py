@@ -97,6 +97,38 @@ def test_report_text_is_the_default(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out == (GOLDEN / "divergent.txt").read_text(encoding="utf-8")
 
 
+@pytest.mark.parametrize("fmt", ["text", "markdown", "json", "html"])
+def test_report_of_several_attempts_is_their_worst(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], fmt: str
+) -> None:
+    shutil.copytree(DATA / "clean", tmp_path, dirs_exist_ok=True)  # attempt 0: clean
+    shutil.copytree(DATA / "divergent", tmp_path / "attempt-1")  # the restarted attempt
+    (tmp_path / "attempt-x").mkdir()  # not an attempt
+    assert main(["report", str(tmp_path), "--format", fmt]) == 1
+    out = capsys.readouterr().out.replace("\\[", "[").replace("\\]", "]")  # (Markdown escapes)
+    assert "[attempt 1] " in out and "attempt 0: " in out and "attempt 1: " in out
+    if fmt == "json":
+        data = json.loads(out)
+        assert data["verdict"] == "error"
+        assert {f["details"]["attempt"] for f in data["findings"]} == {1}
+        divergent = json.loads((DATA / "divergent" / "report.json").read_text())
+        assert len(data["findings"]) == len(divergent["findings"])
+        assert [r["rank"] for r in data["ranks"]] == [0, 1]
+        events = [len(r["events"]) for r in data["ranks"]]
+        clean = json.loads((DATA / "clean" / "report.json").read_text())
+        assert events == [
+            len(a["events"]) + len(b["events"])
+            for a, b in zip(clean["ranks"], divergent["ranks"], strict=True)
+        ]
+    assert main(["report", str(tmp_path), "--attempt", "0"]) == 0
+    assert main(["report", str(tmp_path), "--attempt", "1"]) == 1
+    capsys.readouterr()
+    assert main(["report", str(tmp_path), "--attempt", "3"]) == 2
+    assert capsys.readouterr().err == (
+        f"rngaudit: error: no report of attempt 3 in {tmp_path} (attempts: 0, 1)\n"
+    )
+
+
 def warning_only_dir(tmp_path: Path) -> Path:
     doc = json.loads((DATA / "clean" / "report.json").read_text())
     doc["findings"] = [

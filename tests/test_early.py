@@ -210,7 +210,7 @@ class _Session:
     def __init__(self) -> None:
         self.checks: list[tuple[str, list[Any]]] = []
 
-    def add_check(self, label: str, found: list[Any]) -> None:
+    def add_check(self, label: str, found: list[Any], ranks: Any = None) -> None:
         self.checks.append((label, found))
 
 

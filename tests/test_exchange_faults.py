@@ -10,11 +10,12 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, run_python, torchrun
 
 pytestmark = pytest.mark.timeout(300)
 SCRIPT = str(ROOT / "tests" / "distributed" / "faults.py")
@@ -92,3 +93,137 @@ def test_a_rank_terminated_by_sigterm_tells_the_others(tmp_path: Path, scenario:
     assert result(tmp_path, 1)["raised"] == "SystemExit"
     rank0 = json.loads((tmp_path / "report" / "rank-0.json").read_text())
     assert [f["kind"] for f in rank0["findings"]] == ["rank-interrupted"]
+
+
+# --- programs that die under RNGAUDIT=1 (issue 34): their error unchanged, every rank's record
+DIES = str(ROOT / "tests" / "distributed" / "dies.py")
+DYING = [
+    "first-batch-raise",
+    "later-epoch",
+    "later-epoch-exit",
+    "one-rank-raises",
+    "first-step-alone",
+    "destroy-alone",
+    "ctrl-c",
+]
+ALONE = ("one-rank-raises", "first-step-alone")  # rank 1 dies, rank 0 waits for it
+
+
+@pytest.fixture(scope="module")
+def dying(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Any, dict[str, Any]]]:
+    """One torchrun launch per scenario of tests/distributed/dies.py, run side by side."""
+
+    def launch(scenario: str) -> tuple[Any, dict[str, Any]]:
+        out = tmp_path_factory.mktemp(scenario)
+        env = {"RNGAUDIT": "1", "RNGAUDIT_REPORT_DIR": str(out / "report")}
+        if scenario in ALONE:
+            env["RNGAUDIT_TIMEOUT"] = "5"  # how long rank 1 waits for rank 0 at exit
+        proc = torchrun(DIES, scenario, env=env, timeout=240)
+        if scenario in ALONE:  # read as users read it: whatever files there are
+            shown = run_python(
+                ["-m", "rngaudit", "report", str(out / "report"), "--format", "json"]
+            )
+            assert shown.returncode in (0, 1), shown.stderr
+            return proc, json.loads(shown.stdout)
+        merged = out / "report" / "report.json"
+        return proc, json.loads(merged.read_text()) if merged.exists() else {}
+
+    with ThreadPoolExecutor(len(DYING)) as pool:
+        return dict(zip(DYING, pool.map(launch, DYING), strict=True))
+
+
+def _records(report: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    return {int(r["rank"]): r for r in report.get("ranks", [])}
+
+
+def test_a_program_raising_in_its_first_batch_keeps_its_error_and_its_report(
+    dying: dict[str, tuple[Any, dict[str, Any]]],
+) -> None:
+    proc, report = dying["first-batch-raise"]
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1, output[-3000:]
+    for rank in (0, 1):  # the program's own error, unchanged, on every rank
+        assert f"[rank{rank}]: ValueError: too many values to unpack (expected 2)" in output
+    assert "rngaudit: could not" not in output and "Fake" not in output, output[-3000:]
+    records = _records(report)
+    assert sorted(records) == [0, 1], report  # every rank's record, with its events
+    assert all(records[r]["events"] and records[r]["pid"] for r in records)
+    # Each rank iterated the whole dataset: a real overlap, compared at exit from the epoch each
+    # rank left early. That comparison is sometimes lost when torchrun terminates the last rank
+    # (about 1 run in 2 here): then it is named on stderr, never silently ok (left for an issue).
+    lost = "epoch 0 of DataLoader#1 was not compared" in output
+    assert report["verdict"] == "error" or lost, output[-3000:]
+    assert [a["label"] for a in report["audits"]][-1] == "process exit"
+
+
+@pytest.mark.parametrize("scenario", ["later-epoch", "later-epoch-exit"])
+def test_a_finding_at_a_later_epoch_leaves_every_ranks_record(
+    dying: dict[str, tuple[Any, dict[str, Any]]], scenario: str
+) -> None:
+    proc, report = dying[scenario]
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1, output[-3000:]
+    assert output.count("raised: RNGDivergenceError") == 2, output[-3000:]
+    assert "rngaudit: could not" not in output, output[-3000:]
+    assert report["verdict"] == "error"
+    (error,) = [f for f in report["findings"] if f["severity"] == "error"]
+    assert error["kind"] == "partition-overlap" and "epoch 1 of" in error["message"]
+    records = _records(report)  # concluded before the check raised: there even after os._exit
+    assert sorted(records) == [0, 1], report
+    assert all(records[r]["events"] and records[r]["pid"] for r in records)
+    labels = [a["label"] for a in report["audits"]]
+    assert "before raising at observed partition of epoch 1 of DataLoader#1" in " ".join(labels)
+
+
+@pytest.mark.parametrize("scenario", ALONE)
+def test_a_rank_dying_of_its_own_error_leaves_a_report_naming_every_rank(
+    dying: dict[str, tuple[Any, dict[str, Any]]], scenario: str
+) -> None:
+    """Rank 1 raises mid-epoch (inside the RNGAUDIT window) while rank 0 waits in DDP's
+    all-reduce, or in its first batch while rank 0 waits for it in the first-step meeting; rank 1
+    waits for rank 0 at exit (RNGAUDIT_TIMEOUT, 5 s), then leaves; rank 0 gets gloo's error and
+    may be terminated by torchrun at any point of its exit: whatever it wrote, every rank has a
+    record or is named missing, and rank 1's error is its own, unchanged."""
+    proc, report = dying[scenario]
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1, output[-3000:]
+    assert "[rank1]: RuntimeError: rank 1's own bug" in output
+    assert "rngaudit: could not" not in output, output[-3000:]
+    present = {int(r["rank"]) for r in report["ranks"]}
+    named = {r for f in report["findings"] if f["kind"] == "rank-missing" for r in f["ranks"]}
+    assert 1 in present and present | named == {0, 1}, report
+    assert report["verdict"] == "error"  # a rank missing from a comparison is an error
+    if scenario == "first-step-alone":  # the meeting named rank 1, who never came
+        meeting = [f for f in report["findings"] if "first training step" in f["message"]]
+        assert meeting and meeting[0]["ranks"] == [1], report["findings"]
+
+
+def test_ctrl_c_inside_the_window_keeps_the_interrupt_and_every_ranks_record(
+    dying: dict[str, tuple[Any, dict[str, Any]]],
+) -> None:
+    proc, report = dying["ctrl-c"]
+    output = proc.stdout + proc.stderr
+    assert "[rank0]: KeyboardInterrupt" in output and "[rank1]: KeyboardInterrupt" in output
+    assert "exitcode  : -2" in output, output[-3000:]  # the interrupt, unchanged
+    assert "rngaudit: could not" not in output, output[-3000:]
+    records = _records(report)
+    assert sorted(records) == [0, 1] and all(records[r]["events"] for r in records), report
+    assert report["verdict"] == "ok"  # one permutation, a share each: nothing wrong
+    assert [a["label"] for a in report["audits"]] == ["process exit"]
+
+
+def test_a_rank_raising_while_the_other_concludes_in_destroy_process_group(
+    dying: dict[str, tuple[Any, dict[str, Any]]],
+) -> None:
+    """Rank 0 concludes the RNGAUDIT window in destroy_process_group(); rank 1, whose own code
+    raised before it got there, concludes at its exit: the two pair, both records are there."""
+    proc, report = dying["destroy-alone"]
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1, output[-3000:]
+    assert "[rank1]: RuntimeError: rank 1's own bug after the epoch" in output
+    assert "local_rank: 0" not in output  # rank 0 ended normally
+    assert "rngaudit: could not" not in output, output[-3000:]
+    records = _records(report)
+    assert sorted(records) == [0, 1] and all(records[r]["events"] for r in records), report
+    assert report["verdict"] == "ok"
+    assert [a["label"] for a in report["audits"]] == ["destroy_process_group()"]

@@ -288,7 +288,7 @@ class _Checks:
     def __init__(self) -> None:
         self.found: list[Any] = []
 
-    def add_check(self, label: str, found: list[Any]) -> None:
+    def add_check(self, label: str, found: list[Any], ranks: Any = None) -> None:
         self.found.extend(found)
 
 

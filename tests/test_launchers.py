@@ -240,6 +240,33 @@ def test_torchrun_restart_reports_per_attempt(restart: Run) -> None:
         assert errors(second.report()) == []
 
 
+def test_rngaudit_report_answers_for_every_attempt(restart: Run) -> None:
+    """``rngaudit report DIR`` over attempt 0 (clean) and attempt-1/: the worst verdict, each
+    finding named by its attempt; ``--attempt N`` reads one; the files stay where they are."""
+
+    def cli(*args: str) -> tuple[int, str]:
+        proc = run_python(["-m", "rngaudit", "report", str(restart.report_dir), *args])
+        return proc.returncode, proc.stdout + proc.stderr
+
+    skew = "skew" in restart.report_dir.parent.name
+    status, text = cli()
+    assert status == (1 if skew else 0), text
+    assert "attempt 0: " in text and "attempt 1: " in text  # the audits of both attempts
+    status, data = cli("--format", "json")
+    found = json.loads(data)["findings"]
+    assert {f["details"]["attempt"] for f in found} <= {0, 1}
+    assert all(f["message"].startswith(f"[attempt {f['details']['attempt']}] ") for f in found)
+    errors_by_attempt = {f["details"]["attempt"] for f in found if f["severity"] == "error"}
+    assert errors_by_attempt == ({1} if skew else set())
+    assert "[attempt 1] " in text if skew else "[error]" not in text
+    assert cli("--attempt", "0")[0] == 0  # attempt 0 alone: clean
+    assert cli("--attempt", "1")[0] == (1 if skew else 0)
+    status, text = cli("--attempt", "2")
+    assert status == 2 and "no report of attempt 2" in text and "(attempts: 0, 1)" in text, text
+    assert (restart.report_dir / "report.json").is_file()  # each attempt's files where they were
+    assert (restart.report_dir / "attempt-1" / "report.json").is_file()
+
+
 # -- accelerate save_state / load_state ---------------------------------------------------------
 
 RESUME = "tests/frameworks/resume_train.py"

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from conftest import ROOT
+from conftest import ROOT, torchrun
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -116,3 +116,67 @@ def _outcome(proc: subprocess.CompletedProcess[str]) -> tuple[int, Any, str]:
     lines = proc.stderr.strip().splitlines()
     error = lines[-1] if proc.returncode and lines else ""
     return proc.returncode, json.loads(proc.stdout) if proc.returncode == 0 else None, error
+
+
+VENDORED = str(ROOT / "tests" / "vendored" / "torchdata_in_order.py")
+
+
+def test_torchdata_in_order_false_tests_pass_audited_as_unaudited(tmp_path: Path) -> None:
+    """torchdata 0.11.0's own in_order=False tests (out-of-order index and iterable datasets,
+    with and without checkpointing: their batch order is the order the workers finish in)."""
+
+    def run(mode: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RNGAUDIT")}
+        report = tmp_path / mode
+        env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", RNGAUDIT_REPORT_DIR=str(report))
+        if mode in ("1", "report"):
+            env["RNGAUDIT"] = mode
+        elif mode == "with":
+            env["RNGAUDIT_VENDORED_WITH"] = "1"
+        proc = subprocess.run(
+            [sys.executable, VENDORED], env=env, capture_output=True, text=True, timeout=240
+        )
+        return proc, report
+
+    from importlib.metadata import version
+
+    pinned = "0.11.0"  # requirements-test.txt; the tests were vendored at this tag
+    assert version("torchdata") == pinned, "re-vendor tests/vendored/torchdata_in_order.py"
+    with ThreadPoolExecutor(4) as pool:
+        runs = dict(
+            zip(
+                ["plain", "1", "report", "with"],
+                pool.map(run, ["plain", "1", "report", "with"]),
+                strict=True,
+            )
+        )
+    for mode, (proc, report) in runs.items():
+        tail = f"{mode}: {proc.stderr[-3000:]}"
+        assert proc.returncode == 0 and "Ran 7 tests" in proc.stderr, tail
+        assert proc.stderr.rstrip().endswith("OK"), tail
+        if mode == "plain":
+            assert not report.exists()
+            continue
+        ranks = json.loads((report / "report.json").read_text())["ranks"]  # it was audited
+        loaders = [ld for r in ranks for ld in r["loaders"]]
+        assert any(ld["loader"].startswith("StatefulDataLoader") for ld in loaders), tail
+
+
+def test_out_of_order_distributed_loader_keeps_its_order_under_rngaudit(tmp_path: Path) -> None:
+    """in_order=False under a DistributedSampler, 2 ranks: the worker check and the order check
+    both wrap its iterator (the order check's plain subclass built on the worker check's, which
+    recursed without end); the batches come in the order they do unaudited."""
+    script = str(ROOT / "tests" / "distributed" / "out_of_order.py")
+
+    def run(audited: bool) -> dict[tuple[int, int], list[int]]:
+        env = {"RNGAUDIT": "1", "RNGAUDIT_REPORT_DIR": str(tmp_path / "report")} if audited else {}
+        proc = torchrun(script, env=env, timeout=240)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+        return {(d["rank"], d["epoch"]): d["order"] for d in lines}
+
+    with ThreadPoolExecutor(2) as pool:
+        plain, audited = pool.map(run, [False, True])
+    assert len(plain) == 4 and plain[(0, 0)][-2:] == [0, 4]  # worker 0's come last
+    assert audited == plain
+    assert json.loads((tmp_path / "report" / "report.json").read_text())["ranks"]

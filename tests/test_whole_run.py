@@ -199,3 +199,24 @@ def test_a_forked_child_running_a_loader_worker_loop_stays_passive() -> None:
     assert whole_run._runs_loader_worker(ctx.Process(target=wrapped))  # start-up's wrap
     assert not whole_run._runs_loader_worker(ctx.Process(target=_helper))
     assert not whole_run._runs_loader_worker(object())
+
+
+def test_a_failure_to_conclude_is_named_in_one_line() -> None:
+    """What rngaudit prints when it could not conclude at exit: the failure's type, the package
+    it was raised in, its first sentence; never a torch dispatcher dump."""
+    try:
+        torch.ops.aten.detach.default("not a tensor")
+    except Exception as exc:
+        line = whole_run.cause(exc)
+    assert "\n" not in line and len(line) < 250, line
+    assert line.startswith(("RuntimeError", "TypeError")) and " in torch" in line, line
+    assert whole_run.cause(ValueError("")) == "ValueError"
+    assert whole_run.cause(OSError("disk full. Then more")) == "OSError (disk full)"
+
+
+def test_a_failure_whose_text_fails_is_named_by_its_type() -> None:
+    class Hostile(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+    assert whole_run.cause(Hostile()) == "Hostile"

@@ -481,6 +481,23 @@ def test_raise_mode_raises_from_the_first_batch(monitored: Any) -> None:
     assert len(list(it)) == 3  # the iterator stays usable, unchecked
 
 
+def test_out_of_order_loader_keeps_its_order_and_is_still_checked(monitored: Any) -> None:
+    # in_order=False yields batches as the workers finish them: a check that waited for
+    # every worker's first batch at the first __next__ let slow sample 0 catch up (it came
+    # 2nd, not last). The check looks without waiting and decides once all have reported.
+    def order() -> list[int]:
+        dl = loader(wd.SlowFirstOwnedDataset(n=12), in_order=False)
+        return [int(b[0][1]) for b in dl]  # each batch's first sample
+
+    unaudited = order()
+    assert unaudited.index(0) >= 3  # the slow sample comes late: the premise holds
+    m = monitored()
+    assert order() == unaudited
+    (finding,) = m.found
+    assert (finding.kind, finding.severity) == (WORKER_DUPLICATE_STREAM, "error")
+    assert finding.details["worker_ids"] == [0, 1] and finding.details["confirmed"] is True
+
+
 def test_first_batch_check_removes_itself(monitored: Any) -> None:
     monitored()
     it = iter(loader(wd.OwnedDataset()))

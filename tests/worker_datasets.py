@@ -60,6 +60,20 @@ class OwnedDataset(Dataset[torch.Tensor]):
         return row(float(index), draw(self.rng))
 
 
+class SlowFirstOwnedDataset(OwnedDataset):
+    """The bug, and sample 0 takes ``delay`` seconds: under ``in_order=False`` the other
+    worker's samples come first, in an order only the workers' timing decides."""
+
+    def __init__(self, kind: str = "numpy", n: int = 8, delay: float = 1.0) -> None:
+        super().__init__(kind, n)
+        self.delay = delay
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if index == 0:
+            time.sleep(self.delay)
+        return super().__getitem__(index)
+
+
 class Jitter:
     """A transform that owns its generator."""
 

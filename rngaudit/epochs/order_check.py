@@ -47,7 +47,7 @@ from rngaudit.epochs import (
 from rngaudit.errors import RNGAuditError
 from rngaudit.findings import Finding
 from rngaudit.ranks import exchange
-from rngaudit.ranks.policy import act
+from rngaudit.ranks.policy import act, fails
 from rngaudit.reports.model import AuditReport
 from rngaudit.schema import DRAW
 from rngaudit.wording import ranks_phrase
@@ -62,6 +62,10 @@ class Watch:
     settings: Settings
     session: Any  # rngaudit.ranks.session.Session
     every_epoch: bool
+    # Called on every rank (with the check's label) before a check raises: the whole-run
+    # audit concludes its open window there, so the report holds every rank's events even if
+    # the program is then killed before its exit handlers run.
+    before_raise: Callable[[str], None] | None = None
 
 
 @dataclass
@@ -778,7 +782,7 @@ class EpochGuard:
             if finding is not None and unlike:
                 finding = order_rules.content_differs(finding)
             if finding is not None:
-                found = _decided_early(epoch, label, finding)
+                found = _decided_early(epoch, label, finding, published)
         except Exception:
             log.warning("rngaudit: the first-step comparison could not compare", exc_info=True)
         _act(found, epoch.watch, label)
@@ -802,7 +806,7 @@ class EpochGuard:
                 published, epoch.label, epoch.chain, epoch.epoch, forwards, sharded_by
             )
             if finding is not None:
-                found = _decided_early(epoch, label, finding)
+                found = _decided_early(epoch, label, finding, published)
         except Exception:
             log.warning("rngaudit: the observed partition could not compare", exc_info=True)
         _act(found, epoch.watch, label)
@@ -822,7 +826,7 @@ class EpochGuard:
         )  # fmt: skip
         label = f"first training step of epoch {epoch.epoch} of {epoch.label}"
         with contextlib.suppress(Exception):
-            epoch.watch.session.add_check(label, [finding])
+            epoch.watch.session.add_check(label, [finding], arrived)
         _act([finding], epoch.watch, label)
 
     def _observed_end(self, tape: partition.Tape) -> None:
@@ -969,7 +973,7 @@ class EpochGuard:
                 finding = order_rules.content_differs(finding)
             if finding is not None:
                 found.append(finding)
-                epoch.watch.session.add_check(label, found)
+                epoch.watch.session.add_check(label, found, _ranks_of(published))
         except Exception:
             log.warning("rngaudit: the observed partition could not compare", exc_info=True)
         _act(found, epoch.watch, label)
@@ -1195,7 +1199,7 @@ class EpochGuard:
             if finding is not None:
                 found.append(finding)
                 first_step.DECIDED.add((epoch.key, epoch.epoch))
-                epoch.watch.session.add_check(label, found)
+                epoch.watch.session.add_check(label, found, published)
         except Exception:
             log.warning("rngaudit: the keyed first-step comparison failed", exc_info=True)
         _act(found, epoch.watch, label)
@@ -1219,7 +1223,7 @@ class EpochGuard:
             )  # fmt: skip
             if finding is not None:
                 found.append(finding)
-                epoch.watch.session.add_check(label, found)
+                epoch.watch.session.add_check(label, found, _ranks_of(published))
         except Exception:
             log.warning("rngaudit: the keyed partition could not compare", exc_info=True)
         _act(found, epoch.watch, label)
@@ -1256,7 +1260,7 @@ class EpochGuard:
                 )
                 if finding is not None:
                     found.append(finding)
-                    watch.session.add_check(label, found)
+                    watch.session.add_check(label, found, _ranks_of(result[0]))
         except Exception:
             log.warning("rngaudit: the partition check could not compare", exc_info=True)
         finally:
@@ -1443,10 +1447,15 @@ class EpochGuard:
             found.append(repeat)
         label = f"epoch {record['epoch']} of {record['loader']} ({record['chain']})"
         try:
-            watch.session.add_check(label, found)
+            watch.session.add_check(label, found, _ranks_of(exchanged[0]))
         except Exception:
             log.warning("rngaudit: could not write the order check's report", exc_info=True)
         return found
+
+
+def _ranks_of(records: Any) -> list[int]:
+    """The ranks of exchanged records (those that took part in a check)."""
+    return [int(r["rank"]) for r in records if isinstance(r, dict) and "rank" in r]
 
 
 def _shard_key(state: _LoaderState) -> str:
@@ -1455,11 +1464,13 @@ def _shard_key(state: _LoaderState) -> str:
     return f"shard/{state.index}"
 
 
-def _decided_early(epoch: observed.Epoch, label: str, finding: Finding) -> list[Finding]:
+def _decided_early(
+    epoch: observed.Epoch, label: str, finding: Finding, published: dict[int, Any]
+) -> list[Finding]:
     """A finding on an epoch before its end: filed in the report, and the epoch's end does not
     judge it again."""
     first_step.DECIDED.add((epoch.key, epoch.epoch))
-    epoch.watch.session.add_check(label, [finding])
+    epoch.watch.session.add_check(label, [finding], published)
     return [finding]
 
 
@@ -1759,6 +1770,13 @@ def _act(found: list[Finding], watch: Watch, label: str) -> None:
     if not found:
         return
     session = watch.session
+    if watch.before_raise is not None and any(
+        fails(f, watch.settings.mode, watch.settings.strict) for f in found
+    ):
+        try:
+            watch.before_raise(label)
+        except Exception:  # the check's own verdict still stands and is raised
+            log.warning("rngaudit: could not conclude the audit window", exc_info=True)
     report = AuditReport(
         findings=found,
         world_size=int(getattr(session, "world_size", 1)),

@@ -6,9 +6,10 @@ import contextlib
 import logging
 import os
 import random
+import socket
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -348,11 +349,18 @@ class Session:
         same = (finding.kind, finding.generator, str(finding.details))
         return any((f.kind, f.generator, str(f.details)) == same for f in self.findings)
 
-    def add_check(self, label: str, found: list[Finding]) -> None:
+    def add_check(
+        self, label: str, found: list[Finding], ranks: Iterable[int] | None = None
+    ) -> None:
         """A check made outside an audit window (the per-epoch order check). Its files are
         written on the writer thread (off the loader's path: about 1 ms an epoch) unless it
-        found an error, which is on disk before it raises."""
+        found an error, which is on disk before it raises. ``ranks``: those that took part;
+        one whose audit window has not concluded yet gets a bare record (no events, filled
+        when its window concludes), so the report holds one record per rank that reached it."""
         with self._lock:
+            for rank in sorted(set(ranks or ())):
+                if rank not in self.records:
+                    self.records[rank] = self._bare_record(rank)
             index = self.reserve()
             self._name_resume(found)
             for finding in found:
@@ -369,14 +377,45 @@ class Session:
             self.findings.append(finding)
             self.write()
 
+    def _bare_record(self, rank: int) -> schema.RankRecord:
+        """A rank that reached a check before any of its audits concluded: named, no events."""
+        own = rank == self.rank
+        return {
+            "rank": rank,
+            "pid": os.getpid() if own else None,
+            "host": socket.gethostname() if own else None,
+            "events": [],
+            "loaders": [],
+            "states": {},
+            "run_id": self.run_id,
+            "environment": None,
+        }
+
     def _accumulate(self, rec: schema.RankRecord, index: int) -> None:
         filed = as_filed(rec, index, self.run_id)
         acc = self.records.setdefault(filed["rank"], {**filed, "events": [], "loaders": []})
+        if acc.get("pid") is None and filed.get("pid") is not None:  # a bare record (a check
+            acc["pid"], acc["host"] = filed["pid"], filed.get("host")  # came first) gets them
         acc["events"].extend(filed["events"])
         acc["loaders"].extend(filed["loaders"])
         for key in ("states", "run_id", "environment", "exception", "same_as"):
             if key in filed:
                 acc[key] = filed[key]
+
+    def write_known(self) -> bool:
+        """Write what is filed (this rank named, with a bare record if none concluded): the
+        last resort when concluding an audit failed. Never raises; True when written."""
+        try:
+            with self._lock:
+                self.records.setdefault(self.rank, self._bare_record(self.rank))
+            self.write()
+            files.flush()
+            return files.merged_path(self.target.moved or self.report_dir).exists() or (
+                files.rank_path(self.target.moved or self.report_dir, self.rank).exists()
+            )
+        except Exception:
+            log.debug("rngaudit: could not write what was filed", exc_info=True)
+            return False
 
     def report(self) -> AuditReport:
         with self._lock:

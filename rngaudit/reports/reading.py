@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -132,6 +133,88 @@ def load_report_dir(path: str | os.PathLike[str]) -> AuditReport:
             f"(expected {MERGED_FILE} or {RANK_FILE.format(rank='<R>')})"
         )
     return _merge(rank_files)
+
+
+ATTEMPT_PREFIX = "attempt-"  # torchrun restart attempt N > 0 writes in DIR/attempt-N/
+
+
+def attempt_dirs(path: str | os.PathLike[str]) -> list[tuple[int, Path]]:
+    """The torchrun restart attempts whose report files ``path`` holds, in order: attempt 0
+    at its top level, attempt N in ``attempt-N/`` (config.attempt_dir)."""
+    directory = Path(path)
+    found = [(0, directory)] if find_report_files(directory) else []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return found
+    for entry in entries:
+        number = entry.name[len(ATTEMPT_PREFIX) :]
+        if not (entry.name.startswith(ATTEMPT_PREFIX) and number.isdigit() and int(number) > 0):
+            continue
+        with contextlib.suppress(OSError):
+            if entry.is_dir(follow_symlinks=False) and find_report_files(entry.path):
+                found.append((int(number), Path(entry.path)))
+    return sorted(found)
+
+
+def load_run(path: str | os.PathLike[str], attempt: int | None = None) -> AuditReport:
+    """The report of a run in ``path``: one attempt's (``attempt``), or, when the directory
+    holds several torchrun restart attempts, all of them in one report whose verdict is the
+    worst, each finding, audit and event named by the attempt it came from."""
+    attempts = attempt_dirs(path)
+    if attempt is not None:
+        chosen = [where for number, where in attempts if number == attempt]
+        if not chosen:
+            held = ", ".join(str(n) for n, _ in attempts) or "none"
+            raise ReportError(f"no report of attempt {attempt} in {path} (attempts: {held})")
+        return load_report_dir(chosen[0])
+    if len(attempts) <= 1:
+        return load_report_dir(attempts[0][1] if attempts else path)
+    return combine_attempts([(number, load_report_dir(where)) for number, where in attempts])
+
+
+def combine_attempts(reports: list[tuple[int, AuditReport]]) -> AuditReport:
+    """One report of several attempts: their audits renumbered one after the other (labels
+    prefixed ``attempt N:``), their findings (``details["attempt"]``, the message prefixed),
+    each rank's events and loaders of every attempt in one record (its pid, host and states
+    the last attempt's). The run id and mode are the last attempt's."""
+    combined = AuditReport(
+        world_size=max(r.world_size for _, r in reports),
+        run_id=reports[-1][1].run_id,
+        mode=reports[-1][1].mode,
+    )
+    records: dict[int, schema.RankRecord] = {}
+    offset = 0
+    for number, report in reports:
+        shift = offset
+        for audit in report.audits:
+            index = int(audit.get("index", 0)) + shift
+            label = f"attempt {number}: {audit.get('label') or ''}".rstrip(": ")
+            combined.audits.append({**audit, "index": index, "label": label})
+            offset = max(offset, index + 1)
+        for finding in report.findings:
+            copy = Finding.from_dict(finding.to_dict())
+            copy.audit += shift
+            copy.details["attempt"] = number
+            copy.message = f"[attempt {number}] {copy.message}"
+            combined.findings.append(copy)
+        for record in report.ranks:
+            rank = int(record["rank"])
+            events = [
+                cast(schema.Event, {**e, "audit": int(e.get("audit", 0)) + shift})
+                for e in record["events"]
+            ]
+            loaders = [
+                cast(schema.Loader, {**ld, "audit": int(ld.get("audit", 0)) + shift})
+                for ld in record.get("loaders") or []
+            ]
+            held = records.get(rank)
+            if held is not None:
+                events = held["events"] + events
+                loaders = list(held.get("loaders") or []) + loaders
+            records[rank] = {**record, "events": events, "loaders": loaders}
+    combined.ranks = [records[r] for r in sorted(records)]
+    return combined
 
 
 def _fill_stubs(report: AuditReport, rank_files: list[_RankFile]) -> None:

@@ -114,13 +114,38 @@ _subclass_lock = forksafe.lock()
 _checking_subclasses: dict[type, type] = {}
 
 
-def _first_batch_next(self: Any) -> Any:
-    check: _IteratorCheck | None = vars(self).pop(_CHECK_ATTR, None)
-    cls = type(self)
+def _checking_class(cls: type) -> type | None:
+    """The checking subclass in ``cls``'s MRO: ``cls`` itself, or a class another wrapper
+    (the order check's plain subclass) built on top of it while the check was armed."""
+    return next((c for c in cls.__mro__ if c.__dict__.get(_MARKER_ATTR, False)), None)
+
+
+def _disarm(iterator: Any) -> _IteratorCheck | None:
+    """Take the check off the iterator and give it back its own class (when nothing was built
+    on top of the checking subclass; else its ``__next__`` passes through from now on)."""
+    check: _IteratorCheck | None = vars(iterator).pop(_CHECK_ATTR, None)
+    cls = type(iterator)
     if cls.__dict__.get(_MARKER_ATTR, False):
-        self.__class__ = cls.__base__
+        iterator.__class__ = cls.__base__
+    return check
+
+
+def _own_next(iterator: Any) -> Any:
+    """The iterator's ``__next__`` below the checking subclass (no check)."""
+    sub = _checking_class(type(iterator))
+    if sub is None:  # its own class again
+        return next(iterator)
+    base: Any = sub.__base__
+    return base.__next__(iterator)
+
+
+def _first_batch_next(self: Any) -> Any:
+    check: _IteratorCheck | None = vars(self).get(_CHECK_ATTR)
+    if check is not None and check.deferred:
+        return _deferred_next(self, check)
+    check = _disarm(self)
     try:
-        batch = next(self)
+        batch = _own_next(self)
     except StopIteration:
         if check is not None:
             check.run(self)
@@ -131,6 +156,27 @@ def _first_batch_next(self: Any) -> Any:
         raise
     if check is not None:
         check.run(self)
+    return batch
+
+
+def _deferred_next(self: Any, check: _IteratorCheck) -> Any:
+    """An out-of-order iterator's ``__next__`` while its check waits: the order of its batches
+    is the order in which its workers finish them, so the check never waits; it looks once per
+    batch whether every worker given work has reported, and runs when they have (or when the
+    monitor's timeout has passed since the first batch, or at the epoch's end)."""
+    try:
+        batch = _own_next(self)
+    except StopIteration:
+        _disarm(self)
+        check.run(self, wait=False)
+        raise
+    except BaseException:
+        _disarm(self)
+        check.close()
+        raise
+    if check.ready(self):
+        _disarm(self)
+        check.run(self, wait=False)
     return batch
 
 
@@ -368,6 +414,10 @@ class _IteratorCheck:
         self.persistent = persistent
         self.dataset = dataset
         self._loader: weakref.ref[Any] | None = None
+        # An iterator with in_order=False yields batches as its workers finish them: waiting
+        # for the workers' reports at its first batch would change that order.
+        self.deferred = False
+        self.first_batch_at: float | None = None
         self.report_dir = _new_report_dir()
         self._finalizer: weakref.finalize[Any, Any] = weakref.finalize(
             self, shutil.rmtree, self.report_dir, True
@@ -392,23 +442,40 @@ class _IteratorCheck:
     def close(self) -> None:
         self._finalizer()
 
+    def _pending(self, iterator: object, inits: dict[int, dict[str, Any]]) -> set[int]:
+        """The live workers given work whose first batch's draws have not been reported."""
+        workers = getattr(iterator, "_workers", None)
+        draws = read_reports(self.report_dir, DRAW_PREFIX)
+        pending = _given_work(iterator, self.num_workers) - draws.keys()
+        pending = {w for w in pending if inits.get(w, {}).get("status") != "init-error"}
+        if workers is not None:
+            pending = {w for w in pending if w < len(workers) and _alive(workers[w])}
+        return pending
+
+    def ready(self, iterator: object) -> bool:
+        """Whether a deferred check can run now, without waiting: nothing pending, or the
+        monitor's timeout passed since the first batch."""
+        now = time.monotonic()
+        if self.first_batch_at is None:
+            self.first_batch_at = now
+        if now - self.first_batch_at >= self.monitor.timeout:
+            return True
+        try:
+            return not self._pending(iterator, read_reports(self.report_dir))
+        except Exception:
+            return True
+
     def wait_for_reports(
-        self, iterator: object
+        self, iterator: object, wait: bool = True
     ) -> tuple[dict[int, dict[str, Any]], dict[int, dict[str, Any]], list[int]]:
         """The init and draw reports, and the workers waited for in vain: every live worker
         that was given work reports its first batch's draws, or the monitor's timeout ends
-        the wait. A worker with no work (fewer batches than workers), a dead one and one
-        whose ``worker_init_fn`` raised are not waited for."""
-        workers = getattr(iterator, "_workers", None)
-        deadline = time.monotonic() + self.monitor.timeout
+        the wait (``wait=False``: read once). A worker with no work (fewer batches than
+        workers), a dead one and one whose ``worker_init_fn`` raised are not waited for."""
+        deadline = time.monotonic() + (self.monitor.timeout if wait else 0.0)
         delay = 0.002
         while True:
-            inits = read_reports(self.report_dir)
-            draws = read_reports(self.report_dir, DRAW_PREFIX)
-            pending = _given_work(iterator, self.num_workers) - draws.keys()
-            pending = {w for w in pending if inits.get(w, {}).get("status") != "init-error"}
-            if workers is not None:
-                pending = {w for w in pending if w < len(workers) and _alive(workers[w])}
+            pending = self._pending(iterator, read_reports(self.report_dir))
             if not pending or time.monotonic() >= deadline:
                 break
             time.sleep(delay)
@@ -416,11 +483,11 @@ class _IteratorCheck:
         draws = read_reports(self.report_dir, DRAW_PREFIX)
         return read_reports(self.report_dir), draws, sorted(pending - draws.keys())
 
-    def run(self, iterator: object) -> None:
+    def run(self, iterator: object, wait: bool = True) -> None:
         """The first-batch check: wait for the reports, compare, emit; may raise."""
         self.monitor.mark_checked(self.loader)
         try:
-            inits, draws, in_vain = self.wait_for_reports(iterator)
+            inits, draws, in_vain = self.wait_for_reports(iterator, wait)
             findings = analyse(
                 self.static,
                 inits,
@@ -574,6 +641,7 @@ class WorkerMonitor:
             raise
         finally:
             loader.worker_init_fn = user_fn
+        check.deferred = vars(instance).get("_in_order", True) is False
         _arm(instance, check)
         return result
 

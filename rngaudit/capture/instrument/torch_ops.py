@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import functools
 import logging
 import threading
@@ -129,6 +131,11 @@ class KeyedKernels:
             self.specs[qualified] = spec
             lib.impl(qualified.removesuffix(".default"), self._kernel(spec), KEY_NAME)
         self._libs = (fallback, lib)  # kept alive: a Library deregisters when collected
+        # At interpreter exit weakref's finalizers deregister every Library (torch's fallthrough
+        # at the key included): any op a thread then runs with the key still on fails
+        # (NotImplementedError "... from the 'Fake' backend"), the exit report's reads too.
+        # Registered after those finalizers' exit hook, this runs before it: the key goes off.
+        atexit.register(self._off_at_exit)
 
     def _kernel(self, spec: OpSpec) -> Callable[..., Any]:
         key, switch, op = self.key, self._set, spec.call
@@ -148,6 +155,10 @@ class KeyedKernels:
                 switch(key, True)
 
         return kernel
+
+    def _off_at_exit(self) -> None:
+        with contextlib.suppress(Exception):
+            self.off()
 
     def on(self) -> None:
         """Switch the key on for this thread (threads started later do not inherit it)."""
