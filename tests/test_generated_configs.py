@@ -58,11 +58,6 @@ CONFIGS = [
 # turns red once fixed (remove its entry then), except ONE_RANK's, which passed by chance
 # in 3 of 6 runs (timing). Config ids carry the seed and their index: other seeds'
 # configs are never listed here.
-SEED_UNUSED = (
-    "false error: order_rules.compare (rngaudit/epochs/order_rules.py:158) convicts on the "
-    "DistributedSampler's seed differing across ranks although shuffle=False never uses it "
-    "(sampler-draw-divergence)"
-)
 NO_DDP_WARNS = (
     "miss: epoch-0 overlap of a loader no known class shards, with no data-parallel module and "
     "no earlier partition: order_rules.observed_overlap (order_rules.py:641) makes it a warning"
@@ -93,13 +88,6 @@ WORLD3_EPOCH1 = (
     "under DDP: epoch 1 overlaps after an exact epoch 0 and nothing is found, not even a "
     "warning (the world-2 twin w2-s33-14 raises; num_workers is not the cause); not isolated"
 )
-EVEN_BATCHES = (
-    "false error: accelerate's even_batches completes the last round with the first batches "
-    "(here a whole batch shared by two ranks: the layout's promise, measured in the intact "
-    "twin); partition_overlap (rngaudit/epochs/order_rules.py:555) allows only world - 1 "
-    "shared samples (beyond_padding, :199); the same loader intact (shuffle=True, no per-rank "
-    "seed) raises the same"
-)
 PADDING_ASSUMED = (
     "miss: one sample on two ranks and one on none (per-rank Subsets of different orders): "
     "an overlap of world - 1 is taken for DistributedSampler padding (beyond_padding, "
@@ -109,15 +97,10 @@ PADDING_ASSUMED = (
 BOTH = {  # the same wrong verdict in the with-block and under RNGAUDIT=1
     "w2-s33-06": ONE_RANK,
     "w3-s33-00": BY_CHANCE,
-    "w3-s33-07": SEED_UNUSED,
     "w3-s33-12": WORLD3_EPOCH1,
-    "w2-s7-00": SEED_UNUSED,
-    "w2-s7-01": EVEN_BATCHES,
     "w2-s7-02": BY_CHANCE,
     "w2-s7-03": BY_CHANCE,
     "w2-s7-13": PADDING_ASSUMED,
-    "w3-s7-02": SEED_UNUSED,
-    "w3-s7-05": SEED_UNUSED,
 }
 ENV_ONLY = {  # the with-block catches these at set-up (the datasets, in its window)
     "w2-s33-04": WINDOW + NO_DDP_WARNS,

@@ -36,3 +36,12 @@ def test_even_batches_allowance_never_covers_a_dropped_sample_or_more_than_a_rou
     assert harm.harm(seen(9, 22), 2, rounds)  # more than one round shared
     estimated = {**seen(2, 22), "estimated": True, "shared_proven": 2}
     assert harm.harm(estimated, 2, rounds)  # a sketch cannot show that none was dropped
+
+
+def test_even_batches_over_a_subset_counts_the_samples_its_order_holds() -> None:
+    # generated config w2-s7-01: a Subset of 15 of a 30-sample root, batch 3, world 2:
+    # accelerate re-hands 3 samples; the 15 outside the Subset were never the loader's
+    over_subset = seen(3, 15, root=30)
+    assert harm.harm(over_subset, 2, harm.Sharding(rounds=6))  # the root's size: unknown cover
+    assert not harm.harm(over_subset, 2, harm.Sharding(rounds=6, covers=15))
+    assert harm.harm(seen(3, 14, root=30), 2, harm.Sharding(rounds=6, covers=15))  # one dropped

@@ -13,6 +13,8 @@ class Sharding:
 
     rounds: int = 0  # samples a shard re-hands to complete its last round (accelerate
     # even_batches: world x batch size); 0 when the sharder does not pad by rounds
+    covers: int = 0  # the samples the sharded order holds (its sampler's length: a Subset's,
+    # not its root's); 0 when unknown: the root's size stands in
 
 
 UNKNOWN = Sharding()
@@ -48,7 +50,7 @@ def allowed_as(seen: dict[str, Any], world: int, sharding: Sharding = UNKNOWN) -
     if (
         sharding.rounds > 0
         and not seen.get("estimated")
-        and int(seen["union"]) == int(seen["root_size"])
+        and int(seen["union"]) == (sharding.covers or int(seen["root_size"]))
         and shared <= sharding.rounds
     ):
         return "accelerate even_batches"

@@ -1254,7 +1254,9 @@ class EpochGuard:
             result = self._swap(record, f"partition/{state.index}/{epoch}", watch, "partition")
             if result is not None:
                 summaries = {int(r["rank"]): r["partition"] for r in result[0] if "partition" in r}
-                rounds = harm.Sharding(rounds=sharding.padding_rounds(shard))
+                rounds = harm.Sharding(
+                    rounds=sharding.padding_rounds(shard), covers=sharding.covered(shard)
+                )
                 finding = order_rules.partition_overlap(
                     summaries, state.label, chain, epoch, rounds
                 )

@@ -70,6 +70,16 @@ def padding_rounds(shard: Any) -> int:
     return world * batch if world > 1 and batch > 0 else 0
 
 
+def covered(shard: Any) -> int:
+    """The samples the order a BatchSamplerShard shards holds (its inner sampler's length: a
+    Subset's, not its root's), or 0 when that cannot be read."""
+    if not _is_batch_sampler_shard(shard):
+        return 0
+    inner = peek.attr(peek.attr(shard, "batch_sampler"), "sampler")
+    n = peek.size(inner)
+    return n if n is not None else 0
+
+
 def chain(root: Any) -> list[Any]:
     """``root`` and the samplers inside it (``batch_sampler`` / ``sampler``), outermost first.
 
