@@ -45,7 +45,7 @@ from rngaudit.epochs import (
 )
 from rngaudit.errors import RNGAuditError
 from rngaudit.findings import Finding
-from rngaudit.ranks import exchange
+from rngaudit.ranks import exchange, peers
 from rngaudit.ranks.policy import act
 from rngaudit.reports.model import AuditReport
 from rngaudit.schema import DRAW
@@ -449,7 +449,7 @@ class EpochGuard:
         except TypeError:
             return batch
         with RECORDER.paused():  # the check's own work is not audited, nor re-entered
-            self._first_batch(instance)
+            self._first_batch(instance, batch)
         tape = instance.__dict__.get("_rngaudit_tape")
         if tape is not None and tape.context[1] is None:  # an observed epoch: its content
             with RECORDER.paused():
@@ -1245,10 +1245,14 @@ class EpochGuard:
                 "epoch": epoch,
                 "chain": chain,
                 "partition": tape.summary(),
+                **peers.end_fields(shard),
             }
             result = self._swap(record, f"partition/{state.index}/{epoch}", watch, "partition")
             if result is not None:
                 summaries = {int(r["rank"]): r["partition"] for r in result[0] if "partition" in r}
+                summaries, stated = peers.as_replicas(summaries, result[0])  # across replicas
+                if stated is not None:
+                    label += f" across {stated.describe()}"
                 finding = order_rules.partition_overlap(summaries, state.label, chain, epoch)
                 if finding is not None:
                     found.append(finding)
@@ -1303,7 +1307,7 @@ class EpochGuard:
         return cast(list[dict[str, Any]], expand_groups(result.records)), list(result.missing)
 
     # -- the check -----------------------------------------------------------------------------
-    def _first_batch(self, iterator: Any) -> None:
+    def _first_batch(self, iterator: Any, batch: Any = None) -> None:
         try:
             nodes = sharding.chain(peek.attr(iterator, "_index_sampler"))
             shard = sharding.shard_of(nodes)
@@ -1320,6 +1324,7 @@ class EpochGuard:
                 if not watch.every_epoch and state.checks > 0:
                     return
                 record = self._record(iterator, nodes, shard, state)
+            record.update(peers.first_fields(shard, batch))  # type: ignore[typeddict-item]
         except Exception:  # the auditor must never break the loader
             log.warning("rngaudit: could not prepare the order check", exc_info=True)
             return
@@ -1432,6 +1437,7 @@ class EpochGuard:
         except Exception:
             log.warning("rngaudit: the order check could not compare", exc_info=True)
             return []
+        found += peers.check_first(exchanged[0], record["loader"], record["chain"])
         if order_rules.only_draws_differ(found):
             found = self._measure_planned(found, record, watch, state, planned)
         repeat = order_rules.repeated(record, state.previous)

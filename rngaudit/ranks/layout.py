@@ -1,0 +1,230 @@
+"""The data-parallel layout: which ranks are replicas (disjoint shards), which are peers."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import os
+import sys
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from rngaudit import peek
+
+log = logging.getLogger("rngaudit")
+
+ENV_GROUPS = "RNGAUDIT_DP_GROUPS"  # "0,2;1,3": the data-parallel groups, as DDP would be given
+# a mesh dimension is data-parallel when every "_"-separated part of its name is one of these
+DP_PARTS = frozenset({"dp", "ddp", "fsdp", "hsdp", "data", "replicate", "shard", "batch"})
+# and a peer dimension (one replica's ranks, fed the same batch) when some part is one of these;
+# any other name (an expert-parallel "ep" among them: DeepSpeed-MoE feeds those ranks different
+# data) leaves the mesh's layout unknown
+PEER_PARTS = frozenset(
+    {"tp", "cp", "pp", "sp", "mp", "tensor", "context", "pipeline", "pipe", "model", "seq"}
+)
+MAX_SCANS = 4  # heap searches for a DeviceMesh per process, at most
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Each rank's replica (peers share one) and where that came from."""
+
+    replica: dict[int, int]
+    source: str
+
+    def peers_of(self, rank: int) -> list[int]:
+        mine = self.replica.get(rank)
+        return sorted(r for r, v in self.replica.items() if v == mine)
+
+    def groups(self) -> list[list[int]]:
+        """The ranks of each replica (peers), in replica order."""
+        out: dict[int, list[int]] = {}
+        for r in sorted(self.replica):
+            out.setdefault(self.replica[r], []).append(r)
+        return [out[k] for k in sorted(out)]
+
+    def has_peers(self) -> bool:
+        return len(set(self.replica.values())) < len(self.replica)
+
+    def describe(self) -> str:
+        parts = "; ".join(", ".join(str(r) for r in g) for g in self.groups())
+        return f"replicas (peers of one replica together): {parts}; from {self.source}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"replicas": self.groups(), "source": self.source}
+
+
+_declared: list[Any] = [None]  # the groups rngaudit.audit(groups=...) was given
+_meshes: weakref.WeakSet[Any] = weakref.WeakSet()
+_scans = [0]
+
+
+def from_groups(groups: Any, world: int, source: str) -> Layout | None:
+    """A layout from data-parallel groups (each a list of ranks, as a DDP process group): a
+    rank's replica is its position in its group; None unless the groups are equal-sized,
+    disjoint and cover ranks 0 .. world - 1."""
+    try:
+        norm = [[int(r) for r in g] for g in groups]
+    except Exception:
+        return None
+    flat = sorted(r for g in norm for r in g)
+    if not norm or flat != list(range(world)) or len({len(g) for g in norm}) != 1:
+        return None
+    return Layout({r: i for g in norm for i, r in enumerate(g)}, source)
+
+
+def parse_groups(text: str) -> list[list[int]] | None:
+    """``"0,2;1,3"`` as ``[[0, 2], [1, 3]]``; None when unreadable."""
+    try:
+        groups = [[int(x) for x in part.split(",") if x.strip()] for part in text.split(";")]
+    except ValueError:
+        return None
+    groups = [g for g in groups if g]
+    return groups or None
+
+
+def declare(groups: Any) -> None:
+    """The data-parallel groups ``rngaudit.audit(groups=...)`` was given (None: none), as
+    lists of ranks; checked against the world when used."""
+    _declared[0] = None if groups is None else [list(g) for g in groups]
+
+
+def _declared_layout(world: int) -> Layout | None:
+    if _declared[0] is not None:
+        said = f"declared with rngaudit.audit(groups={_declared[0]})"
+        return from_groups(_declared[0], world, said)
+    text = os.environ.get(ENV_GROUPS)
+    if text:
+        groups = parse_groups(text)
+        if groups is not None:
+            return from_groups(groups, world, f"declared with {ENV_GROUPS}={text}")
+    return None
+
+
+def dim_kind(name: Any) -> str:
+    """``"dp"``, ``"peer"`` or ``"unknown"`` for a mesh dimension's name."""
+    if not isinstance(name, str) or not name:
+        return "unknown"
+    parts = set(name.lower().split("_"))
+    if parts <= DP_PARTS:
+        return "dp"
+    if parts & PEER_PARTS and not parts - DP_PARTS - PEER_PARTS:
+        return "peer" if not parts & DP_PARTS else "unknown"
+    return "unknown"
+
+
+def note_mesh(mesh: Any) -> None:
+    with contextlib.suppress(Exception):
+        _meshes.add(mesh)
+
+
+def _find_meshes() -> list[Any]:
+    mod = sys.modules.get("torch.distributed.device_mesh")
+    cls = getattr(mod, "DeviceMesh", None)
+    if not isinstance(cls, type):
+        return []
+    if not len(_meshes) and _scans[0] < MAX_SCANS:
+        _scans[0] += 1
+        with contextlib.suppress(Exception):
+            for obj in gc.get_objects():
+                if issubclass(type(obj), cls):
+                    _meshes.add(obj)
+    return list(_meshes)
+
+
+def mesh_layout(world: int) -> Layout | None:
+    """The layout the program's DeviceMesh states: its dims named data-parallel make the
+    replica, the others (tp, cp, pp, ...) its peers. Only a mesh over the whole world with
+    every dim named and recognised counts; meshes that disagree count for nothing."""
+    layouts: dict[tuple[tuple[int, int], ...], Layout] = {}
+    for mesh in _find_meshes():
+        layout = _one_mesh(mesh, world)
+        if layout is not None:
+            layouts.setdefault(tuple(sorted(layout.replica.items())), layout)
+    if len(layouts) != 1:
+        if len(layouts) > 1:
+            log.info("rngaudit: device meshes state different layouts; none is used")
+        return None
+    return next(iter(layouts.values()))
+
+
+def _one_mesh(mesh: Any, world: int) -> Layout | None:
+    try:
+        names = peek.attr(mesh, "mesh_dim_names")
+        ranks = peek.attr(mesh, "mesh")
+        if not isinstance(names, tuple) or ranks is None:
+            return None
+        shape = [int(s) for s in ranks.shape]
+        flat = [int(r) for r in ranks.flatten().tolist()]
+        if len(names) != len(shape) or sorted(flat) != list(range(world)):
+            return None
+        kinds = [dim_kind(n) for n in names]
+        if "unknown" in kinds or "peer" not in kinds:
+            return None
+        replica: dict[int, int] = {}
+        for pos, r in enumerate(flat):
+            coords, rest = [], pos
+            for size in reversed(shape):
+                coords.append(rest % size)
+                rest //= size
+            coords.reverse()
+            index = 0
+            for c, size, kind in zip(coords, shape, kinds, strict=True):
+                if kind == "dp":
+                    index = index * size + c
+            replica[r] = index
+        dims = ", ".join(f"{n!r}: {s}" for n, s in zip(names, shape, strict=True))
+        return Layout(replica, f"the DeviceMesh ({dims}), its dims named {_named(names, kinds)}")
+    except Exception:
+        log.debug("rngaudit: could not read a device mesh", exc_info=True)
+        return None
+
+
+def _named(names: tuple[Any, ...], kinds: list[str]) -> str:
+    dp = [str(n) for n, k in zip(names, kinds, strict=True) if k == "dp"]
+    peer = [str(n) for n, k in zip(names, kinds, strict=True) if k == "peer"]
+    return f"{'/'.join(dp) or 'none'} data-parallel and {'/'.join(peer)} peers"
+
+
+def current(world: int, sampler_ranks: dict[int, Any] | None = None) -> Layout | None:
+    """The layout the program states, first found of: the user's declaration, the device mesh,
+    the samplers' own ``num_replicas`` / ``rank`` (``sampler_ranks``: rank -> (num_replicas,
+    rank), as exchanged). None: every rank its own replica (the world is one data-parallel
+    group), as without a mesh."""
+    return _declared_layout(world) or mesh_layout(world) or sampler_layout(world, sampler_ranks)
+
+
+def sampler_layout(world: int, sampler_ranks: dict[int, Any] | None) -> Layout | None:
+    """The samplers' statement: every rank's ``DistributedSampler`` shards over ``R`` replicas
+    (``R`` below the world, dividing it) and each of its ranks is held by ``world / R`` ranks:
+    those are one replica's peers."""
+    if not sampler_ranks or len(sampler_ranks) != world:
+        return None
+    try:
+        pairs = {int(k): (int(v[0]), int(v[1])) for k, v in sampler_ranks.items()}
+    except Exception:
+        return None
+    replicas = {n for n, _ in pairs.values()}
+    if len(replicas) != 1:
+        return None
+    n = replicas.pop()
+    if not 1 <= n < world or world % n:
+        return None
+    counts: dict[int, int] = {}
+    for _, r in pairs.values():
+        counts[r] = counts.get(r, 0) + 1
+    if sorted(counts) != list(range(n)) or set(counts.values()) != {world // n}:
+        return None
+    return Layout(
+        {k: r for k, (_, r) in pairs.items()},
+        f"the DistributedSampler's own num_replicas={n} and rank",
+    )
+
+
+def sampler_rank(shard: Any) -> list[int] | None:
+    """A DistributedSampler's ``[num_replicas, rank]``, read without a call; None otherwise."""
+    n = peek.integer(peek.attr(shard, "num_replicas"), -1)
+    r = peek.integer(peek.attr(shard, "rank"), -1)
+    return [n, r] if n > 0 and r >= 0 else None

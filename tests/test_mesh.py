@@ -1,0 +1,114 @@
+"""Know the mesh: verdicts on world-4 layouts checked against what the ranks really trained on.
+
+Three torchrun launches (world 4, gloo) run every set-up in tests/distributed/mesh_scenarios.py:
+without rngaudit (the truth), with ``rngaudit.audit()`` around the set-up, and under
+``RNGAUDIT=1``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.timeout(600)
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "tests" / "distributed" / "mesh_scenarios.py"
+NPROC = 4
+PEERS = [[0, 1], [2, 3]]  # every scenario's peers: one replica's ranks (the others: replicas)
+
+# Stated here, independently of the scenario script; the truth test checks each claim.
+PEERS_DIFFER = {"mesh_default_sampler", "declared_default_sampler"}
+INTACT = {"mesh_dp_sampler", "mesh_ddp_dp_sampler", "sampler_stated_no_mesh"}
+KIND = {"mesh_default_sampler": "peer-batch-divergence"}
+KIND["declared_default_sampler"] = "peer-batch-divergence"
+HOWS = ["block", "env"]
+
+
+def _launch(outdir: Path, how: str) -> dict[int, dict[str, Any]]:
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        f"--nproc_per_node={NPROC}", str(SCRIPT), str(outdir), "--how", how,
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RNGAUDIT")}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore")
+    if how == "env":
+        env.update(RNGAUDIT="1", RNGAUDIT_REPORT_DIR=str(outdir / "report"))
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-120:])
+    assert proc.returncode == 0, f"{how}: torchrun exited {proc.returncode}\n{tail}"
+    return {
+        r: json.loads((outdir / f"result-rank{r}.json").read_text()) for r in range(NPROC)
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[int, dict[str, Any]]]:
+    return {how: _launch(tmp_path_factory.mktemp(f"mesh-{how}"), how) for how in ("none", *HOWS)}
+
+
+def _peers_differ(res: dict[int, dict[str, Any]], scenario: str) -> bool:
+    """Did the peers of some replica train on different batches (measured unaudited)?"""
+    return any(
+        res[a][scenario]["batches"] != res[b][scenario]["batches"] for a, b in PEERS
+    )  # fmt: skip
+
+
+def _replicas_overlap(res: dict[int, dict[str, Any]], scenario: str) -> bool:
+    """Did the replicas (one rank of each) share a sample in some epoch?"""
+    epochs = len(res[0][scenario]["batches"])
+    for e in range(epochs):
+        taken = [i for g in PEERS for b in res[g[0]][scenario]["batches"][e] for i in b]
+        if len(set(taken)) != len(taken):
+            return True
+    return False
+
+
+def test_unaudited_run_never_imports_rngaudit(runs: dict[str, Any]) -> None:
+    assert runs["none"][0]["_meta"]["rngaudit_imported"] is False
+
+
+@pytest.mark.parametrize("scenario", sorted(PEERS_DIFFER | INTACT))
+def test_truth_is_what_the_scenario_claims(runs: dict[str, Any], scenario: str) -> None:
+    res = runs["none"]
+    assert not any(res[r][scenario]["raised"] for r in range(NPROC))
+    assert _peers_differ(res, scenario) == (scenario in PEERS_DIFFER)
+    assert not _replicas_overlap(res, scenario)
+    assert all(res[r][scenario]["optimizer_steps"] > 0 for r in range(NPROC))
+
+
+@pytest.mark.parametrize("how", HOWS)
+@pytest.mark.parametrize("scenario", sorted(PEERS_DIFFER | INTACT))
+def test_verdict_matches_truth(runs: dict[str, Any], scenario: str, how: str) -> None:
+    truth = runs["none"]
+    corrupted = _peers_differ(truth, scenario) or _replicas_overlap(truth, scenario)
+    for r in range(NPROC):
+        got = runs[how][r][scenario]
+        assert "crashed" not in got, got.get("crashed")
+        if not corrupted:
+            assert got["raised"] is False, got.get("message")
+            # the audited run trained exactly what the unaudited one did
+            assert got["batches"] == truth[r][scenario]["batches"]
+            continue
+        assert got["raised"] is True, f"rank {r}: not found"
+        assert KIND[scenario] in got["kinds"]
+        # before the first step that would train on it
+        assert got["optimizer_steps"] == 0 and got["stage"] == "epoch 0", got["stage"]
+        assert "Shard by the data-parallel rank" in got["message"]
+
+
+def test_peer_finding_names_the_layout_and_its_source(runs: dict[str, Any]) -> None:
+    for how in HOWS:
+        message = runs[how][0]["mesh_default_sampler"]["message"]
+        assert "ranks 0, 1; 2, 3 must train on the same batch" in message
+        assert "DeviceMesh ('dp': 2, 'tp': 2)" in message
+        assert "num_replicas=4" in message
+    declared = runs["block"][0]["declared_default_sampler"]["message"]
+    assert "rngaudit.audit(groups=[[0, 2], [1, 3]])" in declared
+    assert "RNGAUDIT_DP_GROUPS=0,2;1,3" in runs["env"][0]["declared_default_sampler"]["message"]
