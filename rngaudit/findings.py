@@ -21,6 +21,7 @@ DATASET_DIVERGENCE = "dataset-divergence"
 DATASET_CONTENT_DIVERGENCE = "dataset-content-divergence"
 PARTITION_OVERLAP = "partition-overlap"
 PEER_BATCH_DIVERGENCE = "peer-batch-divergence"  # peers of one replica: different batches
+REPLICA_WEIGHT_DIVERGENCE = "replica-weight-divergence"  # replicas: different weights
 EPOCH_ORDER_REPEATED = "epoch-order-repeated"
 AUDIT_MISMATCH = "audit-mismatch"
 MODE_MISMATCH = "mode-mismatch"
@@ -39,6 +40,7 @@ KINDS = (
     DATASET_CONTENT_DIVERGENCE,
     PARTITION_OVERLAP,
     PEER_BATCH_DIVERGENCE,
+    REPLICA_WEIGHT_DIVERGENCE,
     EPOCH_ORDER_REPEATED,
     AUDIT_MISMATCH,
     MODE_MISMATCH,

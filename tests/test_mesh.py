@@ -25,9 +25,34 @@ PEERS = [[0, 1], [2, 3]]  # every scenario's peers: one replica's ranks (the oth
 
 # Stated here, independently of the scenario script; the truth test checks each claim.
 PEERS_DIFFER = {"mesh_default_sampler", "declared_default_sampler"}
-INTACT = {"mesh_dp_sampler", "mesh_ddp_dp_sampler", "sampler_stated_no_mesh"}
-KIND = {"mesh_default_sampler": "peer-batch-divergence"}
-KIND["declared_default_sampler"] = "peer-batch-divergence"
+WEIGHTS_DIFFER = {"hand_dp_rank_seeds", "fsdp1_no_shard_rank_seeds", "hsdp_rank_seeds"}
+INTACT = {
+    "mesh_dp_sampler", "mesh_ddp_dp_sampler", "sampler_stated_no_mesh", "hand_dp_broadcast",
+    "hand_dp_same_seed", "ddp_rank_seeds", "fsdp2_1d_rank_seeds", "tp_parallelize_rank_seeds",
+    "hsdp_same_seed",
+}  # fmt: skip
+ALL = sorted(PEERS_DIFFER | WEIGHTS_DIFFER | INTACT)
+KIND = dict.fromkeys(PEERS_DIFFER, "peer-batch-divergence")
+KIND.update(dict.fromkeys(WEIGHTS_DIFFER, "replica-weight-divergence"))
+WORLD = [[0, 1, 2, 3]]
+DP = [[0, 2], [1, 3]]  # the (2, 2) meshes' replicate groups (the first dim)
+# the ranks whose local parameters must be the same (replicas); none for FSDP2 on a 1-D mesh
+# (each rank keeps its own shard) and tensor parallelism (one replica)
+REPLICATE = {
+    "mesh_dp_sampler": DP, "mesh_default_sampler": DP, "mesh_ddp_dp_sampler": DP,
+    "sampler_stated_no_mesh": DP, "declared_default_sampler": DP, "hand_dp_rank_seeds": WORLD,
+    "hand_dp_broadcast": WORLD, "hand_dp_same_seed": WORLD, "fsdp1_no_shard_rank_seeds": WORLD,
+    "ddp_rank_seeds": WORLD, "fsdp2_1d_rank_seeds": [], "tp_parallelize_rank_seeds": [],
+    "hsdp_rank_seeds": DP, "hsdp_same_seed": DP,
+}  # fmt: skip
+# batches: the peers of one replica (none where the world is data-parallel)
+PEER_GROUPS = dict.fromkeys(ALL, PEERS)
+WORLD_DATA_PARALLEL = [  # the world is one data-parallel group: no peers
+    "fsdp1_no_shard_rank_seeds", "ddp_rank_seeds", "hand_dp_rank_seeds", "hand_dp_broadcast",
+    "hand_dp_same_seed", "fsdp2_1d_rank_seeds", "hsdp_rank_seeds", "hsdp_same_seed",
+]  # fmt: skip
+PEER_GROUPS.update({name: [] for name in WORLD_DATA_PARALLEL})
+PEER_GROUPS["tp_parallelize_rank_seeds"] = WORLD
 HOWS = ["block", "env"]
 
 
@@ -56,38 +81,51 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[int, dict[s
 def _peers_differ(res: dict[int, dict[str, Any]], scenario: str) -> bool:
     """Did the peers of some replica train on different batches (measured unaudited)?"""
     return any(
-        res[a][scenario]["batches"] != res[b][scenario]["batches"] for a, b in PEERS
-    )  # fmt: skip
+        res[r][scenario]["batches"] != res[g[0]][scenario]["batches"]
+        for g in PEER_GROUPS[scenario]
+        for r in g
+    )
 
 
 def _replicas_overlap(res: dict[int, dict[str, Any]], scenario: str) -> bool:
     """Did the replicas (one rank of each) share a sample in some epoch?"""
+    firsts = [g[0] for g in PEER_GROUPS[scenario]] or list(range(NPROC))
     epochs = len(res[0][scenario]["batches"])
     for e in range(epochs):
-        taken = [i for g in PEERS for b in res[g[0]][scenario]["batches"][e] for i in b]
+        taken = [i for r in firsts for b in res[r][scenario]["batches"][e] for i in b]
         if len(set(taken)) != len(taken):
             return True
     return False
+
+
+def _weights_differ(res: dict[int, dict[str, Any]], scenario: str) -> bool:
+    """Did replicas hold different local parameters when the first step would train them?"""
+    return any(
+        len({res[r][scenario]["weights"] for r in g}) > 1 for g in REPLICATE[scenario]
+    )  # fmt: skip
 
 
 def test_unaudited_run_never_imports_rngaudit(runs: dict[str, Any]) -> None:
     assert runs["none"][0]["_meta"]["rngaudit_imported"] is False
 
 
-@pytest.mark.parametrize("scenario", sorted(PEERS_DIFFER | INTACT))
+@pytest.mark.parametrize("scenario", ALL)
 def test_truth_is_what_the_scenario_claims(runs: dict[str, Any], scenario: str) -> None:
     res = runs["none"]
     assert not any(res[r][scenario]["raised"] for r in range(NPROC))
     assert _peers_differ(res, scenario) == (scenario in PEERS_DIFFER)
+    assert _weights_differ(res, scenario) == (scenario in WEIGHTS_DIFFER)
     assert not _replicas_overlap(res, scenario)
     assert all(res[r][scenario]["optimizer_steps"] > 0 for r in range(NPROC))
 
 
 @pytest.mark.parametrize("how", HOWS)
-@pytest.mark.parametrize("scenario", sorted(PEERS_DIFFER | INTACT))
+@pytest.mark.parametrize("scenario", ALL)
 def test_verdict_matches_truth(runs: dict[str, Any], scenario: str, how: str) -> None:
     truth = runs["none"]
-    corrupted = _peers_differ(truth, scenario) or _replicas_overlap(truth, scenario)
+    corrupted = any(
+        f(truth, scenario) for f in (_peers_differ, _replicas_overlap, _weights_differ)
+    )  # fmt: skip
     for r in range(NPROC):
         got = runs[how][r][scenario]
         assert "crashed" not in got, got.get("crashed")
@@ -98,9 +136,13 @@ def test_verdict_matches_truth(runs: dict[str, Any], scenario: str, how: str) ->
             continue
         assert got["raised"] is True, f"rank {r}: not found"
         assert KIND[scenario] in got["kinds"]
-        # before the first step that would train on it
-        assert got["optimizer_steps"] == 0 and got["stage"] == "epoch 0", got["stage"]
-        assert "Shard by the data-parallel rank" in got["message"]
+        assert got["optimizer_steps"] == 0  # before the first step that would train on it
+        if KIND[scenario] == "peer-batch-divergence":  # at the first batch
+            assert got["stage"] == "epoch 0", got["stage"]
+            assert "Shard by the data-parallel rank" in got["message"]
+        else:  # from the first optimizer step's pre-hook
+            assert got["stage"] == "optimizer", got["stage"]
+            assert "sync_module_states=True" in got["message"]
 
 
 def test_peer_finding_names_the_layout_and_its_source(runs: dict[str, Any]) -> None:

@@ -45,7 +45,7 @@ from rngaudit.epochs import (
 )
 from rngaudit.errors import RNGAuditError
 from rngaudit.findings import Finding
-from rngaudit.ranks import exchange, peers
+from rngaudit.ranks import exchange, layout, peers, replicas
 from rngaudit.ranks.policy import act
 from rngaudit.reports.model import AuditReport
 from rngaudit.schema import DRAW
@@ -201,12 +201,16 @@ class EpochGuard:
         with self._lock:
             self.everything = watch
             self.install()
+        replicas.arm(watch)  # replicas' weights, at the first optimizer step
+        layout.arm()  # device meshes noted as they are built
 
     def enter(self, watch: Watch) -> None:
         """A with-block opened: loaders sharded inside it are watched."""
         with self._lock:
             self.open.append(watch)
             self.install()
+        replicas.arm(watch)  # replicas' weights, at the first optimizer step
+        layout.arm()  # device meshes noted as they are built
 
     def leave(self, watch: Watch, loaders: list[Any]) -> None:
         """A with-block closed: keep watching the sharded ``loaders`` built in it until checked

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 import logging
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rngaudit import peek
+from rngaudit.capture.patching import PatchSet
 
 log = logging.getLogger("rngaudit")
 
@@ -57,8 +59,10 @@ class Layout:
 
 
 _declared: list[Any] = [None]  # the groups rngaudit.audit(groups=...) was given
-_meshes: weakref.WeakSet[Any] = weakref.WeakSet()
+_meshes: list[Any] = []  # weak references to the meshes noted, oldest first
 _scans = [0]
+_patches = PatchSet()  # DeviceMesh.__init__ noted, from the first audit until exit
+_armed = [False]
 
 
 def from_groups(groups: Any, world: int, source: str) -> Layout | None:
@@ -115,39 +119,68 @@ def dim_kind(name: Any) -> str:
     return "unknown"
 
 
+def arm() -> None:
+    """Note every ``DeviceMesh`` built from now on (its ``__init__`` wrapped, undone at
+    exit); those built before are found on the heap when first needed. Never raises."""
+    with contextlib.suppress(Exception):
+        if _armed[0]:
+            return
+        _armed[0] = True
+        _patches.when_imported("torch.distributed.device_mesh", _on_import)
+        atexit.register(_patches.undo)
+
+
+def _on_import(module: Any) -> None:
+    cls = getattr(module, "DeviceMesh", None)
+    if isinstance(cls, type) and "__init__" in cls.__dict__ and not _patches.replaced(cls):
+        _patches.wrap(cls, "__init__", _noted)
+
+
+def _noted(wrapped: Any, instance: Any, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
+    result = wrapped(*args, **kw)
+    if instance is not None:
+        note_mesh(instance)
+    return result
+
+
 def note_mesh(mesh: Any) -> None:
     with contextlib.suppress(Exception):
-        _meshes.add(mesh)
+        if all(ref() is not mesh for ref in _meshes):
+            _meshes.append(weakref.ref(mesh))
+            _meshes[:] = [ref for ref in _meshes if ref() is not None]
 
 
 def _find_meshes() -> list[Any]:
+    """The live meshes, oldest first (those found on the heap first of all)."""
     mod = sys.modules.get("torch.distributed.device_mesh")
     cls = getattr(mod, "DeviceMesh", None)
     if not isinstance(cls, type):
         return []
-    if not len(_meshes) and _scans[0] < MAX_SCANS:
+    if not _meshes and _scans[0] < MAX_SCANS:
         _scans[0] += 1
         with contextlib.suppress(Exception):
-            for obj in gc.get_objects():
-                if issubclass(type(obj), cls):
-                    _meshes.add(obj)
-    return list(_meshes)
+            found = [obj for obj in gc.get_objects() if issubclass(type(obj), cls)]
+            _meshes[:0] = [weakref.ref(m) for m in found]
+    return [m for m in (ref() for ref in _meshes) if m is not None]
 
 
 def mesh_layout(world: int) -> Layout | None:
     """The layout the program's DeviceMesh states: its dims named data-parallel make the
     replica, the others (tp, cp, pp, ...) its peers. Only a mesh over the whole world with
-    every dim named and recognised counts; meshes that disagree count for nothing."""
-    layouts: dict[tuple[tuple[int, int], ...], Layout] = {}
+    every dim named and recognised counts (a mesh of data-parallel dims alone states no
+    peers, and counts as one); of meshes that state different layouts, the one built last,
+    and the layout's source says so."""
+    layouts: list[Layout] = []
     for mesh in _find_meshes():
         layout = _one_mesh(mesh, world)
         if layout is not None:
-            layouts.setdefault(tuple(sorted(layout.replica.items())), layout)
-    if len(layouts) != 1:
-        if len(layouts) > 1:
-            log.info("rngaudit: device meshes state different layouts; none is used")
+            layouts.append(layout)
+    if not layouts:
         return None
-    return next(iter(layouts.values()))
+    last = layouts[-1]
+    if any(other.replica != last.replica for other in layouts):
+        return Layout(last.replica, f"{last.source} (the last built of {len(layouts)} meshes)")
+    return last
 
 
 def _one_mesh(mesh: Any, world: int) -> Layout | None:
@@ -161,7 +194,7 @@ def _one_mesh(mesh: Any, world: int) -> Layout | None:
         if len(names) != len(shape) or sorted(flat) != list(range(world)):
             return None
         kinds = [dim_kind(n) for n in names]
-        if "unknown" in kinds or "peer" not in kinds:
+        if "unknown" in kinds:
             return None
         replica: dict[int, int] = {}
         for pos, r in enumerate(flat):

@@ -71,7 +71,6 @@ class Plan:
     sampler: Any
     step: Callable[[Any], None]
     model: Any  # what the first optimizer step's parameters are read from (the truth)
-    replicate: Any  # the process group whose ranks must hold the same weights (None: none)
     epochs: int = 2
     keep: list[Any] = field(default_factory=list)
 
@@ -133,11 +132,11 @@ def mesh_dp_sampler(ctx: Ctx) -> Plan:
     dp = mesh["dp"]
     torch.manual_seed(0)
     model = torch.nn.Linear(1, 1)
-    sampler = DistributedSampler(
+    sampler: DistributedSampler[int] = DistributedSampler(
         Items(), num_replicas=dp.size(), rank=dp.get_local_rank(), shuffle=True, seed=0
     )
     step = _hand_step(ctx, model, dp.get_group(), dp.size())
-    return Plan(_loader(ctx, sampler), sampler, step, model, dp.get_group(), keep=[mesh])
+    return Plan(_loader(ctx, sampler), sampler, step, model, keep=[mesh])
 
 
 def mesh_default_sampler(ctx: Ctx) -> Plan:
@@ -147,9 +146,9 @@ def mesh_default_sampler(ctx: Ctx) -> Plan:
     dp = mesh["dp"]
     torch.manual_seed(0)
     model = torch.nn.Linear(1, 1)
-    sampler = DistributedSampler(Items(), shuffle=True, seed=0)
+    sampler: DistributedSampler[int] = DistributedSampler(Items(), shuffle=True, seed=0)
     step = _hand_step(ctx, model, dp.get_group(), dp.size())
-    return Plan(_loader(ctx, sampler), sampler, step, model, dp.get_group(), keep=[mesh])
+    return Plan(_loader(ctx, sampler), sampler, step, model, keep=[mesh])
 
 
 def mesh_ddp_dp_sampler(ctx: Ctx) -> Plan:
@@ -159,11 +158,11 @@ def mesh_ddp_dp_sampler(ctx: Ctx) -> Plan:
     torch.manual_seed(100 + ctx.rank)  # per-rank init seeds: DDP broadcasts from its rank 0
     inner = torch.nn.Linear(1, 1)
     model = torch.nn.parallel.DistributedDataParallel(inner, process_group=dp.get_group())
-    sampler = DistributedSampler(
+    sampler: DistributedSampler[int] = DistributedSampler(
         Items(), num_replicas=dp.size(), rank=dp.get_local_rank(), shuffle=True, seed=0
     )
     return Plan(
-        _loader(ctx, sampler), sampler, _wrapped_step(ctx, model), model, dp.get_group(),
+        _loader(ctx, sampler), sampler, _wrapped_step(ctx, model), model,
         keep=[mesh],
     )  # fmt: skip
 
@@ -178,11 +177,11 @@ def sampler_stated_no_mesh(ctx: Ctx) -> Plan:
         made = dist.new_group(g)
         if ctx.rank in g:
             dp_group = made
-    sampler = DistributedSampler(
+    sampler: DistributedSampler[int] = DistributedSampler(
         Items(), num_replicas=2, rank=ctx.rank // 2, shuffle=True, seed=0
     )  # fmt: skip
     step = _hand_step(ctx, model, dp_group, 2)
-    return Plan(_loader(ctx, sampler), sampler, step, model, dp_group)
+    return Plan(_loader(ctx, sampler), sampler, step, model)
 
 
 def declared_default_sampler(ctx: Ctx) -> Plan:
@@ -196,18 +195,148 @@ def declared_default_sampler(ctx: Ctx) -> Plan:
         made = dist.new_group(g)
         if ctx.rank in g:
             dp_group = made
-    sampler = DistributedSampler(Items(), shuffle=True, seed=0)
+    sampler: DistributedSampler[int] = DistributedSampler(Items(), shuffle=True, seed=0)
     if ctx.how == "env":
         os.environ["RNGAUDIT_DP_GROUPS"] = ";".join(",".join(map(str, g)) for g in DP_GROUPS)
     step = _hand_step(ctx, model, dp_group, 2)
-    return Plan(_loader(ctx, sampler), sampler, step, model, dp_group)
+    return Plan(_loader(ctx, sampler), sampler, step, model)
+
+
+# --------------------------------------------------------------------------- weights
+
+
+def _world_sampler() -> Any:
+    return DistributedSampler(Items(), shuffle=True, seed=0)  # the world is data-parallel
+
+
+def _hand_dp(ctx: Ctx, seed: int, broadcast: bool) -> Plan:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(1, 4), torch.nn.Linear(4, 1))
+    if broadcast:  # every parameter from rank 0 before training
+        for p in model.parameters():
+            dist.broadcast(p.data, src=0)
+    sampler = _world_sampler()
+    step = _hand_step(ctx, model, None, ctx.world)
+    return Plan(_loader(ctx, sampler), sampler, step, model)
+
+
+def hand_dp_rank_seeds(ctx: Ctx) -> Plan:
+    """The torch tutorial's loop (gradients averaged with all_reduce), per-rank seeds before
+    the model is built, no broadcast: every rank trains a different model."""
+    return _hand_dp(ctx, 100 + ctx.rank, broadcast=False)
+
+
+def hand_dp_broadcast(ctx: Ctx) -> Plan:
+    """The same with every parameter broadcast from rank 0 before training (intact)."""
+    return _hand_dp(ctx, 100 + ctx.rank, broadcast=True)
+
+
+def hand_dp_same_seed(ctx: Ctx) -> Plan:
+    """The same loop with one seed on every rank (intact)."""
+    return _hand_dp(ctx, 0, broadcast=False)
+
+
+def fsdp1_no_shard_rank_seeds(ctx: Ctx) -> Plan:
+    """FSDP1 NO_SHARD without sync_module_states, per-rank seeds: replicas differ forever."""
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+
+    torch.manual_seed(100 + ctx.rank)
+    inner = torch.nn.Sequential(torch.nn.Linear(1, 4), torch.nn.Linear(4, 1))
+    model = FullyShardedDataParallel(
+        inner, device_id=torch.device("cpu"), sharding_strategy=ShardingStrategy.NO_SHARD
+    )
+    sampler = _world_sampler()
+    return Plan(_loader(ctx, sampler), sampler, _wrapped_step(ctx, model), model)
+
+
+def ddp_rank_seeds(ctx: Ctx) -> Plan:
+    """DDP over the world with per-rank init seeds: DDP broadcasts at construction (intact)."""
+    torch.manual_seed(100 + ctx.rank)
+    inner = torch.nn.Sequential(torch.nn.Linear(1, 4), torch.nn.Linear(4, 1))
+    model = torch.nn.parallel.DistributedDataParallel(inner)
+    sampler = _world_sampler()
+    return Plan(_loader(ctx, sampler), sampler, _wrapped_step(ctx, model), model)
+
+
+def fsdp2_1d_rank_seeds(ctx: Ctx) -> Plan:
+    """FSDP2 fully_shard on a 1-D mesh, per-rank seeds: each rank keeps its own shard, no
+    replicas (intact)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (ctx.world,), mesh_dim_names=("dp_shard",))
+    torch.manual_seed(100 + ctx.rank)
+    model = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Linear(8, 1))
+    fully_shard(model, mesh=mesh)
+    sampler = _world_sampler()
+    return Plan(
+        _loader(ctx, sampler), sampler, _wrapped_step(ctx, model), model, keep=[mesh]
+    )  # fmt: skip
+
+
+def tp_parallelize_rank_seeds(ctx: Ctx) -> Plan:
+    """Tensor parallelism (parallelize_module on a 1-D "tp" mesh, per-rank seeds): distributed
+    from the mesh's first rank; every rank a peer of one replica, fed the same batch (intact)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    mesh = init_device_mesh("cpu", (ctx.world,), mesh_dim_names=("tp",))
+    torch.manual_seed(100 + ctx.rank)
+    model = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Linear(8, 1))
+    parallelize_module(model, mesh, {"0": ColwiseParallel(), "1": RowwiseParallel()})
+    sampler: DistributedSampler[int] = DistributedSampler(
+        Items(), num_replicas=1, rank=0, shuffle=True, seed=0
+    )
+    return Plan(
+        _loader(ctx, sampler), sampler, _wrapped_step(ctx, model), model, keep=[mesh]
+    )  # fmt: skip
+
+
+def _hsdp(ctx: Ctx, seed: int) -> Plan:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp_replicate", "dp_shard"))
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Linear(8, 1))
+    fully_shard(model, mesh=mesh)  # HSDP: shards over dp_shard, replicas over dp_replicate
+    sampler = _world_sampler()
+    return Plan(
+        _loader(ctx, sampler), sampler, _wrapped_step(ctx, model), model, keep=[mesh]
+    )  # fmt: skip
+
+
+def hsdp_rank_seeds(ctx: Ctx) -> Plan:
+    """HSDP (FSDP2 fully_shard on a (dp_replicate, dp_shard) mesh), per-rank seeds, no
+    broadcast: each replica's shards come from different initialisations."""
+    return _hsdp(ctx, 100 + ctx.rank)
+
+
+def hsdp_same_seed(ctx: Ctx) -> Plan:
+    """The same with one seed on every rank (intact)."""
+    return _hsdp(ctx, 0)
 
 
 SCENARIOS: dict[str, Callable[[Ctx], Plan]] = {
+    # no mesh first: a mesh built by a scenario may outlive it (torch caches meshes), and the
+    # last built states the layout
+    "sampler_stated_no_mesh": sampler_stated_no_mesh,
+    "hand_dp_rank_seeds": hand_dp_rank_seeds,
+    "hand_dp_broadcast": hand_dp_broadcast,
+    "hand_dp_same_seed": hand_dp_same_seed,
+    "fsdp1_no_shard_rank_seeds": fsdp1_no_shard_rank_seeds,
+    "ddp_rank_seeds": ddp_rank_seeds,
+    "fsdp2_1d_rank_seeds": fsdp2_1d_rank_seeds,
+    "hsdp_rank_seeds": hsdp_rank_seeds,
+    "hsdp_same_seed": hsdp_same_seed,
+    "tp_parallelize_rank_seeds": tp_parallelize_rank_seeds,
     "mesh_dp_sampler": mesh_dp_sampler,
     "mesh_default_sampler": mesh_default_sampler,
     "mesh_ddp_dp_sampler": mesh_ddp_dp_sampler,
-    "sampler_stated_no_mesh": sampler_stated_no_mesh,
     # last: a declaration holds for the rest of the process
     "declared_default_sampler": declared_default_sampler,
 }
