@@ -154,3 +154,65 @@ def test_peer_finding_names_the_layout_and_its_source(runs: dict[str, Any]) -> N
     declared = runs["block"][0]["declared_default_sampler"]["message"]
     assert "rngaudit.audit(groups=[[0, 2], [1, 3]])" in declared
     assert "RNGAUDIT_DP_GROUPS=0,2;1,3" in runs["env"][0]["declared_default_sampler"]["message"]
+
+
+def test_weights_finding_names_the_group_and_under_rngaudit_the_init_line(
+    runs: dict[str, Any],
+) -> None:
+    for how in HOWS:
+        message = runs[how][0]["hand_dp_rank_seeds"]["message"]
+        assert "The replicas of ranks 0, 1, 2, 3 hold different weights" in message
+        assert "its gradient all-reduced over the group" in message
+        fsdp = runs[how][0]["fsdp1_no_shard_rank_seeds"]["message"]
+        assert "FullyShardedDataParallel(NO_SHARD)" in fsdp
+        hsdp = runs[how][0]["hsdp_rank_seeds"]["message"]
+        assert "The replicas of ranks 0, 2 hold different weights" in hsdp
+        assert "a DTensor placed Replicate() on mesh dim 0" in hsdp
+    # the model was built inside RNGAUDIT's window (the block wraps only the loader)
+    env = runs["env"][0]["hand_dp_rank_seeds"]["message"]
+    assert "mesh_scenarios.py:" in env and "(_hand_dp), whose draws came from" in env
+    block = runs["block"][0]["hand_dp_rank_seeds"]["message"]
+    assert "its lines are not named" in block
+
+
+# --------------------------------------------------------------------------- the layout alone
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("dp", "dp"), ("dp_replicate", "dp"), ("dp_shard", "dp"), ("fsdp", "dp"),
+        ("replicate", "dp"), ("shard", "dp"), ("data_parallel", "dp"),  # Lightning
+        ("tp", "peer"), ("cp", "peer"), ("pp", "peer"), ("tensor_parallel", "peer"),
+        ("ep", "unknown"), ("dp_cp", "unknown"), ("dp_shard_cp", "unknown"),
+        ("", "unknown"), ("parallel", "unknown"), ("experts", "unknown"), (None, "unknown"),
+    ],
+)  # fmt: skip
+def test_mesh_dim_names_are_read_as_the_frameworks_name_them(name: Any, kind: str) -> None:
+    from rngaudit.ranks import layout
+
+    assert layout.dim_kind(name) == kind
+
+
+def test_groups_make_a_layout_only_when_they_partition_the_world() -> None:
+    from rngaudit.ranks import layout
+
+    stated = layout.from_groups([[0, 2], [1, 3]], 4, "declared")
+    assert stated is not None and stated.groups() == [[0, 1], [2, 3]] and stated.has_peers()
+    assert layout.from_groups([[0, 1, 2, 3]], 4, "x") is not None  # one group: no peers
+    assert not layout.from_groups([[0, 1, 2, 3]], 4, "x").has_peers()  # type: ignore[union-attr]
+    for bad in ([[0, 2], [1]], [[0, 2], [2, 3]], [[0, 1]], [["a"]], None):
+        assert layout.from_groups(bad, 4, "x") is None
+    assert layout.parse_groups("0,2;1,3") == [[0, 2], [1, 3]]
+    assert layout.parse_groups("0,x") is None
+
+
+def test_samplers_state_peers_only_when_their_ranks_split_the_world_evenly() -> None:
+    from rngaudit.ranks import layout
+
+    stated = layout.sampler_layout(4, {0: [2, 0], 1: [2, 0], 2: [2, 1], 3: [2, 1]})
+    assert stated is not None and stated.groups() == [[0, 1], [2, 3]]
+    assert layout.sampler_layout(4, {r: [4, r] for r in range(4)}) is None  # the world
+    assert layout.sampler_layout(4, {0: [2, 0], 1: [2, 0], 2: [2, 0], 3: [2, 1]}) is None
+    assert layout.sampler_layout(4, {0: [2, 0], 1: [2, 1], 2: [2, 0]}) is None  # one missing
+    assert layout.sampler_layout(3, {0: [2, 0], 1: [2, 1], 2: [2, 0]}) is None  # uneven

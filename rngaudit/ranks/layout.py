@@ -26,7 +26,7 @@ DP_PARTS = frozenset({"dp", "ddp", "fsdp", "hsdp", "data", "replicate", "shard",
 PEER_PARTS = frozenset(
     {"tp", "cp", "pp", "sp", "mp", "tensor", "context", "pipeline", "pipe", "model", "seq"}
 )
-MAX_SCANS = 4  # heap searches for a DeviceMesh per process, at most
+NEUTRAL_PARTS = frozenset({"parallel", "parallelism", "dim"})  # Lightning: "data_parallel"
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class Layout:
 
 _declared: list[Any] = [None]  # the groups rngaudit.audit(groups=...) was given
 _meshes: list[Any] = []  # weak references to the meshes noted, oldest first
-_scans = [0]
+_scanned = [False]  # the heap searched for meshes built before the wrapper (once)
 _patches = PatchSet()  # DeviceMesh.__init__ noted, from the first audit until exit
 _armed = [False]
 
@@ -111,7 +111,9 @@ def dim_kind(name: Any) -> str:
     """``"dp"``, ``"peer"`` or ``"unknown"`` for a mesh dimension's name."""
     if not isinstance(name, str) or not name:
         return "unknown"
-    parts = set(name.lower().split("_"))
+    parts = set(name.lower().split("_")) - NEUTRAL_PARTS
+    if not parts:
+        return "unknown"
     if parts <= DP_PARTS:
         return "dp"
     if parts & PEER_PARTS and not parts - DP_PARTS - PEER_PARTS:
@@ -126,6 +128,8 @@ def arm() -> None:
         if _armed[0]:
             return
         _armed[0] = True
+        # no mesh can predate the wrapper when torch's mesh module is not yet imported
+        _scanned[0] = _scanned[0] or "torch.distributed.device_mesh" not in sys.modules
         _patches.when_imported("torch.distributed.device_mesh", _on_import)
         atexit.register(_patches.undo)
 
@@ -156,8 +160,8 @@ def _find_meshes() -> list[Any]:
     cls = getattr(mod, "DeviceMesh", None)
     if not isinstance(cls, type):
         return []
-    if not _meshes and _scans[0] < MAX_SCANS:
-        _scans[0] += 1
+    if not _scanned[0]:
+        _scanned[0] = True
         with contextlib.suppress(Exception):
             found = [obj for obj in gc.get_objects() if issubclass(type(obj), cls)]
             _meshes[:0] = [weakref.ref(m) for m in found]

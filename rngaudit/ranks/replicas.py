@@ -252,7 +252,8 @@ def _check(groups: dict[tuple[int, ...], dict[str, tuple[str, Any]]], watch: Any
         params = groups[ranks]
         try:
             mine = {k: digest(t) for k, (_, t) in params.items()}
-            published = _swap(ranks, rank, mine, timeout)
+            inits = _init_sites(watch.session)
+            published = _swap(ranks, rank, {"digests": mine, "inits": inits}, timeout)
         except Exception:
             log.warning("rngaudit: the replicas' weights could not be compared", exc_info=True)
             continue
@@ -269,19 +270,21 @@ def _check(groups: dict[tuple[int, ...], dict[str, tuple[str, Any]]], watch: Any
                 )
             )
             continue
+        digests = {r: dict(p.get("digests") or {}) for r, p in published.items()}
         differ = sorted(
-            (k for k in mine if len({d.get(k) for d in published.values()}) > 1),
+            (k for k in mine if len({d.get(k) for d in digests.values()}) > 1),
             key=lambda k: int(k.split(":")[0]),
         )
         if differ:
             said = sorted({params[k][0] for k in differ})
-            found.append(_finding(list(ranks), differ, len(mine), said))
+            sites = _differing_sites({r: dict(p.get("inits") or {}) for r, p in published.items()})
+            found.append(_finding(list(ranks), differ, len(mine), said, sites))
     return found
 
 
 def _swap(
-    ranks: tuple[int, ...], rank: int, mine: dict[str, str], timeout: float
-) -> dict[int, dict[str, str]] | list[int]:
+    ranks: tuple[int, ...], rank: int, mine: dict[str, Any], timeout: float
+) -> dict[int, dict[str, Any]] | list[int]:
     """Every rank's digests, or the ranks missing after ``timeout``."""
     from rngaudit.epochs import observed
 
@@ -291,7 +294,7 @@ def _swap(
         n = _counts[ranks] = _counts.get(ranks, 0) + 1
     base = f"{PREFIX}/{name}/{n}"
     keys = [f"{base}/{r}" for r in ranks]
-    store.set(f"{base}/{rank}", exchange.encode({"digests": mine}))
+    store.set(f"{base}/{rank}", exchange.encode(mine))
     observed._wait(store, keys, timeout)
     missing = [r for r, k in zip(ranks, keys, strict=True) if not store.check([k])]
     if missing:
@@ -299,13 +302,48 @@ def _swap(
     payloads = exchange._get_all(store, keys)
     if store.add(f"{base}/read", 1) == len(ranks):
         exchange._delete(store, [*keys, f"{base}/read"])
-    return {
-        r: dict(exchange.decode(bytes(p)).get("digests") or {})
-        for r, p in zip(ranks, payloads, strict=True)
-    }
+    return {r: exchange.decode(bytes(p)) for r, p in zip(ranks, payloads, strict=True)}
 
 
-def _finding(ranks: list[int], differ: list[str], total: int, said: list[str]) -> Finding:
+INIT_FUNCTIONS = frozenset({"reset_parameters", "_reset_parameters"})
+MAX_SITES = 64
+
+
+def _init_sites(session: Any) -> dict[str, str]:
+    """The initialisation draws this rank's audit windows recorded (``reset_parameters`` or
+    ``torch.nn.init``): the user's call site -> the generator state before its first draw."""
+    out: dict[str, str] = {}
+    with contextlib.suppress(Exception):
+        rank = exchange.current_rank()
+        record = (getattr(session, "records", {}) or {}).get(rank) or {}
+        for event in record.get("events") or []:
+            if event.get("kind") != "draw" or not event.get("fingerprint"):
+                continue
+            chain = [event.get("call_site") or {}, *(event.get("chain") or [])]
+            if not any(
+                c.get("function") in INIT_FUNCTIONS
+                or str(c.get("file", "")).replace("\\", "/").endswith("torch/nn/init.py")
+                for c in chain
+                if isinstance(c, dict)
+            ):
+                continue
+            site = event.get("user_call_site") or event.get("call_site") or {}
+            key = f"{site.get('file')}:{site.get('line')} ({site.get('function')})"
+            out.setdefault(key, str(event["fingerprint"]))
+            if len(out) >= MAX_SITES:
+                break
+    return out
+
+
+def _differing_sites(inits: dict[int, dict[str, str]]) -> list[str]:
+    """The call sites every rank recorded whose generator states differ across the ranks."""
+    common = set.intersection(*(set(d) for d in inits.values())) if inits else set()
+    return sorted(k for k in common if len({d[k] for d in inits.values()}) > 1)
+
+
+def _finding(
+    ranks: list[int], differ: list[str], total: int, said: list[str], sites: list[str]
+) -> Finding:
     shown = ", ".join(f"#{k.split(':')[0]} (shape {k.split(':', 1)[1]})" for k in differ[:4]) + (
         ", ..." if len(differ) > 4 else ""
     )
@@ -313,15 +351,30 @@ def _finding(ranks: list[int], differ: list[str], total: int, said: list[str]) -
         f"The replicas of ranks {', '.join(map(str, ranks))} hold different weights at the "
         f"first optimizer step: {len(differ)} of the {total} parameters they replicate differ "
         f"(the optimizer's parameters {shown}; replicated as {' and '.join(said)}). Nothing "
-        "re-syncs them: each replica trains its own model with one averaged gradient. They "
-        "were initialised from generator states that differ across the ranks (per-rank seeds, "
-        "or none, before the model was built) and never broadcast."
+        "re-syncs them: each replica trains its own model with one averaged gradient. "
     )
+    if sites:
+        message += (
+            f"They were initialised at {'; '.join(sites[:4])}{', ...' if len(sites) > 4 else ''}"
+            ", whose draws came from generator states that differ across the ranks, and were "
+            "never broadcast."
+        )
+    else:
+        message += (
+            "They were initialised from generator states that differ across the ranks (per-rank "
+            "seeds, or none, before the model was built; the initialisation was not inside an "
+            "audit window, so its lines are not named) and never broadcast."
+        )
     return Finding(
         kind=fk.REPLICA_WEIGHT_DIVERGENCE,
         severity="error",
         message=message,
         ranks=ranks,
         remedy=REMEDY,
-        details={"group": ranks, "parameters": differ, "replicated_as": said},
+        details={
+            "group": ranks,
+            "parameters": differ,
+            "replicated_as": said,
+            "init_call_sites": sites,
+        },
     )

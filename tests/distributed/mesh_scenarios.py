@@ -324,8 +324,10 @@ def hsdp_same_seed(ctx: Ctx) -> Plan:
 SCENARIOS: dict[str, Callable[[Ctx], Plan]] = {
     # no mesh first: a mesh built by a scenario may outlive it (torch caches meshes), and the
     # last built states the layout
-    "sampler_stated_no_mesh": sampler_stated_no_mesh,
+    # first: under RNGAUDIT=1 its model is built inside the window (until the first loader's
+    # first batch), so the finding names the initialisation's line
     "hand_dp_rank_seeds": hand_dp_rank_seeds,
+    "sampler_stated_no_mesh": sampler_stated_no_mesh,
     "hand_dp_broadcast": hand_dp_broadcast,
     "hand_dp_same_seed": hand_dp_same_seed,
     "fsdp1_no_shard_rank_seeds": fsdp1_no_shard_rank_seeds,
