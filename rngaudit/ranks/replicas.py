@@ -124,6 +124,11 @@ def _all_reduce(wrapped: Any, instance: Any, args: tuple[Any, ...], kw: dict[str
 def _pre_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     """An optimizer's first step with replicated parameters (its first :data:`MAX_TRIES`
     steps looked at): compared there; a few attribute reads a step otherwise."""
+    try:
+        if _optimizers.get(optimizer, 0) >= MAX_TRIES:
+            return  # looked at: the one look-up of every later step
+    except TypeError:
+        return
     with _lock:
         if not _state["armed"]:
             return
