@@ -25,11 +25,13 @@ PEERS = [[0, 1], [2, 3]]  # every scenario's peers: one replica's ranks (the oth
 
 # Stated here, independently of the scenario script; the truth test checks each claim.
 PEERS_DIFFER = {"mesh_default_sampler", "declared_default_sampler"}
-WEIGHTS_DIFFER = {"hand_dp_rank_seeds", "fsdp1_no_shard_rank_seeds", "hsdp_rank_seeds"}
+WEIGHTS_DIFFER = {
+    "hand_dp_rank_seeds", "fsdp1_no_shard_rank_seeds", "hsdp_rank_seeds", "fsdp1_hybrid_rank_seeds",
+}  # fmt: skip
 INTACT = {
     "mesh_dp_sampler", "mesh_ddp_dp_sampler", "sampler_stated_no_mesh", "hand_dp_broadcast",
     "hand_dp_same_seed", "ddp_rank_seeds", "fsdp2_1d_rank_seeds", "tp_parallelize_rank_seeds",
-    "hsdp_same_seed",
+    "hsdp_same_seed", "fsdp1_hybrid_broadcast",
 }  # fmt: skip
 ALL = sorted(PEERS_DIFFER | WEIGHTS_DIFFER | INTACT)
 KIND = dict.fromkeys(PEERS_DIFFER, "peer-batch-divergence")
@@ -43,13 +45,15 @@ REPLICATE = {
     "sampler_stated_no_mesh": DP, "declared_default_sampler": DP, "hand_dp_rank_seeds": WORLD,
     "hand_dp_broadcast": WORLD, "hand_dp_same_seed": WORLD, "fsdp1_no_shard_rank_seeds": WORLD,
     "ddp_rank_seeds": WORLD, "fsdp2_1d_rank_seeds": [], "tp_parallelize_rank_seeds": [],
-    "hsdp_rank_seeds": DP, "hsdp_same_seed": DP,
+    "hsdp_rank_seeds": DP, "hsdp_same_seed": DP, "fsdp1_hybrid_rank_seeds": DP,
+    "fsdp1_hybrid_broadcast": DP,
 }  # fmt: skip
 # batches: the peers of one replica (none where the world is data-parallel)
 PEER_GROUPS = dict.fromkeys(ALL, PEERS)
 WORLD_DATA_PARALLEL = [  # the world is one data-parallel group: no peers
     "fsdp1_no_shard_rank_seeds", "ddp_rank_seeds", "hand_dp_rank_seeds", "hand_dp_broadcast",
     "hand_dp_same_seed", "fsdp2_1d_rank_seeds", "hsdp_rank_seeds", "hsdp_same_seed",
+    "fsdp1_hybrid_rank_seeds", "fsdp1_hybrid_broadcast",
 ]  # fmt: skip
 PEER_GROUPS.update({name: [] for name in WORLD_DATA_PARALLEL})
 PEER_GROUPS["tp_parallelize_rank_seeds"] = WORLD
@@ -168,6 +172,9 @@ def test_weights_finding_names_the_group_and_under_rngaudit_the_init_line(
         hsdp = runs[how][0]["hsdp_rank_seeds"]["message"]
         assert "The replicas of ranks 0, 2 hold different weights" in hsdp
         assert "a DTensor placed Replicate() on mesh dim 0" in hsdp
+        hybrid = runs[how][1]["fsdp1_hybrid_rank_seeds"]["message"]
+        assert "The replicas of ranks 1, 3 hold different weights" in hybrid
+        assert "FullyShardedDataParallel(HYBRID_SHARD)" in hybrid
     # the model was built inside RNGAUDIT's window (the block wraps only the loader)
     env = runs["env"][0]["hand_dp_rank_seeds"]["message"]
     assert "mesh_scenarios.py:" in env and "(_hand_dp), whose draws came from" in env

@@ -160,12 +160,22 @@ def _find_meshes() -> list[Any]:
     cls = getattr(mod, "DeviceMesh", None)
     if not isinstance(cls, type):
         return []
-    if not _scanned[0]:
+    if not _scanned[0] and _groups_beyond_default():
         _scanned[0] = True
         with contextlib.suppress(Exception):
             found = [obj for obj in gc.get_objects() if issubclass(type(obj), cls)]
             _meshes[:0] = [weakref.ref(m) for m in found]
     return [m for m in (ref() for ref in _meshes) if m is not None]
+
+
+def _groups_beyond_default() -> bool:
+    """Whether the program made a process group besides the default one (a mesh of two or
+    more dims does): no heap search for a mesh otherwise (a plain DDP program pays nothing)."""
+    try:
+        c10d = sys.modules["torch.distributed.distributed_c10d"]
+        return len(c10d._world.pg_map) > 1
+    except Exception:
+        return True
 
 
 def mesh_layout(world: int) -> Layout | None:

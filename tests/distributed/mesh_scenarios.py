@@ -321,6 +321,40 @@ def hsdp_same_seed(ctx: Ctx) -> Plan:
     return _hsdp(ctx, 0)
 
 
+def _fsdp1_hybrid(ctx: Ctx, broadcast: bool) -> Plan:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp_replicate", "dp_shard"))
+    torch.manual_seed(100 + ctx.rank)
+    inner = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Linear(8, 1))
+    model = FullyShardedDataParallel(
+        inner,
+        device_id=torch.device("cpu"),
+        sharding_strategy=ShardingStrategy.HYBRID_SHARD,
+        device_mesh=mesh,
+    )
+    if broadcast:  # each local shard over the replicate group (sync_module_states needs a GPU)
+        group = mesh.get_group("dp_replicate")
+        for p in model.parameters():
+            dist.broadcast(p.data, src=dist.get_process_group_ranks(group)[0], group=group)
+    sampler: DistributedSampler[int] = _world_sampler()
+    return Plan(
+        _loader(ctx, sampler), sampler, _wrapped_step(ctx, model), model, keep=[mesh]
+    )  # fmt: skip
+
+
+def fsdp1_hybrid_rank_seeds(ctx: Ctx) -> Plan:
+    """HSDP the FSDP1 way (HYBRID_SHARD on a (dp_replicate, dp_shard) mesh), per-rank seeds,
+    no sync_module_states: each replica's shard comes from a different initialisation."""
+    return _fsdp1_hybrid(ctx, broadcast=False)
+
+
+def fsdp1_hybrid_broadcast(ctx: Ctx) -> Plan:
+    """The same with each local shard broadcast over the replicate group first (intact)."""
+    return _fsdp1_hybrid(ctx, broadcast=True)
+
+
 SCENARIOS: dict[str, Callable[[Ctx], Plan]] = {
     # no mesh first: a mesh built by a scenario may outlive it (torch caches meshes), and the
     # last built states the layout
@@ -335,6 +369,8 @@ SCENARIOS: dict[str, Callable[[Ctx], Plan]] = {
     "fsdp2_1d_rank_seeds": fsdp2_1d_rank_seeds,
     "hsdp_rank_seeds": hsdp_rank_seeds,
     "hsdp_same_seed": hsdp_same_seed,
+    "fsdp1_hybrid_rank_seeds": fsdp1_hybrid_rank_seeds,
+    "fsdp1_hybrid_broadcast": fsdp1_hybrid_broadcast,
     "tp_parallelize_rank_seeds": tp_parallelize_rank_seeds,
     "mesh_dp_sampler": mesh_dp_sampler,
     "mesh_default_sampler": mesh_default_sampler,
