@@ -223,3 +223,19 @@ def test_samplers_state_peers_only_when_their_ranks_split_the_world_evenly() -> 
     assert layout.sampler_layout(4, {0: [2, 0], 1: [2, 0], 2: [2, 0], 3: [2, 1]}) is None
     assert layout.sampler_layout(4, {0: [2, 0], 1: [2, 1], 2: [2, 0]}) is None  # one missing
     assert layout.sampler_layout(3, {0: [2, 0], 1: [2, 1], 2: [2, 0]}) is None  # uneven
+
+
+def test_declared_groups_that_are_not_lists_of_ranks_are_a_config_error() -> None:
+    import rngaudit
+    from rngaudit.errors import ConfigError
+    from rngaudit.ranks import layout
+
+    bads: list[Any] = [[[0, "x"]], [0, 1], "0,1", [[]], []]
+    for bad in bads:
+        with pytest.raises(ConfigError, match="groups="):
+            rngaudit.audit(groups=bad)
+    try:
+        rngaudit.audit(groups=[[0, 2], [1, 3]])
+        assert layout._declared[0] == [[0, 2], [1, 3]]
+    finally:
+        layout.declare(None)

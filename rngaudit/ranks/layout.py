@@ -14,6 +14,8 @@ from typing import Any
 
 from rngaudit import peek
 from rngaudit.capture.patching import PatchSet
+from rngaudit.config import shown
+from rngaudit.errors import ConfigError
 
 log = logging.getLogger("rngaudit")
 
@@ -91,8 +93,21 @@ def parse_groups(text: str) -> list[list[int]] | None:
 
 def declare(groups: Any) -> None:
     """The data-parallel groups ``rngaudit.audit(groups=...)`` was given (None: none), as
-    lists of ranks; checked against the world when used."""
-    _declared[0] = None if groups is None else [list(g) for g in groups]
+    lists of ranks; checked against the world when used. ConfigError when not lists of
+    ranks."""
+    if groups is None:
+        _declared[0] = None
+        return
+    try:
+        norm = [[int(r) for r in g] for g in groups]
+        if not norm or any(not g or isinstance(g, str | bytes) for g in groups):
+            raise ValueError
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"groups={shown(groups)} is not a list of data-parallel groups, each a list of "
+            "ranks (as [[0, 2], [1, 3]])"
+        ) from None
+    _declared[0] = norm
 
 
 def _declared_layout(world: int) -> Layout | None:
