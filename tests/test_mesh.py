@@ -31,7 +31,7 @@ WEIGHTS_DIFFER = {
 INTACT = {
     "mesh_dp_sampler", "mesh_ddp_dp_sampler", "sampler_stated_no_mesh", "hand_dp_broadcast",
     "hand_dp_same_seed", "ddp_rank_seeds", "fsdp2_1d_rank_seeds", "tp_parallelize_rank_seeds",
-    "hsdp_same_seed", "fsdp1_hybrid_broadcast",
+    "hsdp_same_seed", "fsdp1_hybrid_broadcast", "accelerate_rank_seeds",
 }  # fmt: skip
 ALL = sorted(PEERS_DIFFER | WEIGHTS_DIFFER | INTACT)
 KIND = dict.fromkeys(PEERS_DIFFER, "peer-batch-divergence")
@@ -46,14 +46,14 @@ REPLICATE = {
     "hand_dp_broadcast": WORLD, "hand_dp_same_seed": WORLD, "fsdp1_no_shard_rank_seeds": WORLD,
     "ddp_rank_seeds": WORLD, "fsdp2_1d_rank_seeds": [], "tp_parallelize_rank_seeds": [],
     "hsdp_rank_seeds": DP, "hsdp_same_seed": DP, "fsdp1_hybrid_rank_seeds": DP,
-    "fsdp1_hybrid_broadcast": DP,
+    "fsdp1_hybrid_broadcast": DP, "accelerate_rank_seeds": WORLD,
 }  # fmt: skip
 # batches: the peers of one replica (none where the world is data-parallel)
 PEER_GROUPS = dict.fromkeys(ALL, PEERS)
 WORLD_DATA_PARALLEL = [  # the world is one data-parallel group: no peers
     "fsdp1_no_shard_rank_seeds", "ddp_rank_seeds", "hand_dp_rank_seeds", "hand_dp_broadcast",
     "hand_dp_same_seed", "fsdp2_1d_rank_seeds", "hsdp_rank_seeds", "hsdp_same_seed",
-    "fsdp1_hybrid_rank_seeds", "fsdp1_hybrid_broadcast",
+    "fsdp1_hybrid_rank_seeds", "fsdp1_hybrid_broadcast", "accelerate_rank_seeds",
 ]  # fmt: skip
 PEER_GROUPS.update({name: [] for name in WORLD_DATA_PARALLEL})
 PEER_GROUPS["tp_parallelize_rank_seeds"] = WORLD

@@ -258,6 +258,30 @@ def ddp_rank_seeds(ctx: Ctx) -> Plan:
     return Plan(_loader(ctx, sampler), sampler, _wrapped_step(ctx, model), model)
 
 
+def accelerate_rank_seeds(ctx: Ctx) -> Plan:
+    """accelerate's prepare() (DDP) with per-rank init seeds: DDP broadcasts (intact)."""
+    from accelerate import Accelerator
+
+    acc = Accelerator(cpu=True)
+    torch.manual_seed(100 + ctx.rank)
+    inner = torch.nn.Sequential(torch.nn.Linear(1, 4), torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(inner.parameters(), lr=0.01)
+    sampler: DistributedSampler[int] = _world_sampler()
+    model, opt = acc.prepare(inner, opt)
+
+    def step(batch: Any) -> None:
+        ctx.stage = "forward"
+        x = torch.as_tensor(batch, dtype=torch.float32).view(-1, 1)
+        acc.backward(model(x).sum())
+        ctx.stage = "optimizer"
+        opt.step()
+        opt.zero_grad()
+        ctx.optimizer_steps += 1
+        ctx.stage = "loop"
+
+    return Plan(_loader(ctx, sampler), sampler, step, model)
+
+
 def fsdp2_1d_rank_seeds(ctx: Ctx) -> Plan:
     """FSDP2 fully_shard on a 1-D mesh, per-rank seeds: each rank keeps its own shard, no
     replicas (intact)."""
@@ -366,6 +390,7 @@ SCENARIOS: dict[str, Callable[[Ctx], Plan]] = {
     "hand_dp_same_seed": hand_dp_same_seed,
     "fsdp1_no_shard_rank_seeds": fsdp1_no_shard_rank_seeds,
     "ddp_rank_seeds": ddp_rank_seeds,
+    "accelerate_rank_seeds": accelerate_rank_seeds,
     "fsdp2_1d_rank_seeds": fsdp2_1d_rank_seeds,
     "hsdp_rank_seeds": hsdp_rank_seeds,
     "hsdp_same_seed": hsdp_same_seed,
