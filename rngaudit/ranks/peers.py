@@ -28,19 +28,19 @@ def _world() -> int:
 
 
 def first_fields(shard: Any, batch: Any) -> dict[str, Any]:
-    """What a rank adds to its first-batch record where a layout could have peers: the
-    sampler's ``[num_replicas, rank]`` and a digest of the batch it returned (the batch the
-    step trains on; never read beyond what the loader already returned). Empty otherwise
-    (the record, and its cost, as without a mesh)."""
+    """What a rank adds to its first-batch record where the program states peers (a mesh's
+    tensor-, context-, pipeline-parallel dims, or declared groups): the sampler's
+    ``[num_replicas, rank]`` and a digest of the batch it returned (the batch the step trains
+    on; never read beyond what the loader already returned). Empty otherwise (the record,
+    and its cost, as without a mesh). The samplers' own statement is not enough here: ranks a
+    sampler hands the same indices may read different samples by design (a dataset picking
+    its part by rank); it only lets identical peers count as one replica at the epoch's end."""
     with contextlib.suppress(Exception):
         world = _world()
-        mine = layout.sampler_rank(shard)
         stated = layout.current(world)
-        if world < 2 or not (
-            (stated is not None and stated.has_peers()) or (mine is not None and mine[0] < world)
-        ):
+        if world < 2 or stated is None or not stated.has_peers():
             return {}
-        return {"peer": {"sampler": mine, "digest": ahead.digest(batch)}}
+        return {"peer": {"sampler": layout.sampler_rank(shard), "digest": ahead.digest(batch)}}
     return {}
 
 
@@ -62,8 +62,8 @@ def check_first(records: list[dict[str, Any]], loader: str, chain: str) -> list[
     if not any(isinstance(r.get("peer"), dict) for r in records):
         return []
     world = len(records)
-    stated = layout.current(world, _sampler_ranks(records))
-    if stated is None or not stated.has_peers():
+    stated = layout.current(world)  # the program's statement: declared, or the mesh
+    if stated is None or not stated.has_peers() or len(stated.replica) != world:
         return []
     digests = {
         int(r["rank"]): (r.get("peer") or {}).get("digest")
