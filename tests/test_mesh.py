@@ -72,9 +72,11 @@ def _launch(outdir: Path, how: str) -> dict[int, dict[str, Any]]:
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-120:])
     assert proc.returncode == 0, f"{how}: torchrun exited {proc.returncode}\n{tail}"
-    return {
-        r: json.loads((outdir / f"result-rank{r}.json").read_text()) for r in range(NPROC)
-    }  # fmt: skip
+    results = {r: json.loads((outdir / f"result-rank{r}.json").read_text()) for r in range(NPROC)}
+    report = outdir / "report" / "report.json"
+    if report.exists():  # the checks the report lists, with their labels
+        results[0]["_audits"] = json.loads(report.read_text()).get("audits", [])
+    return results
 
 
 @pytest.fixture(scope="module")
@@ -239,3 +241,18 @@ def test_declared_groups_that_are_not_lists_of_ranks_are_a_config_error() -> Non
         assert layout._declared[0] == [[0, 2], [1, 3]]
     finally:
         layout.declare(None)
+
+
+def test_the_report_says_which_replicas_were_used_and_where_they_came_from(
+    runs: dict[str, Any],
+) -> None:
+    for how in HOWS:
+        labels = [a["label"] for a in runs[how][0]["_audits"]]
+        layout = (
+            "across replicas (peers of one replica together): 0, 1; 2, 3; from the DeviceMesh "
+            "('dp': 2, 'tp': 2), its dims named dp data-parallel and tp peers"
+        )
+        # the first batch's check (peers compared) and the epoch's partition (across replicas)
+        assert any(lab.startswith("epoch 0 of ") and layout in lab for lab in labels), labels
+        assert any(lab.startswith("partition of epoch 0") and layout in lab for lab in labels)
+        assert any("from the DistributedSampler's own num_replicas=2" in lab for lab in labels)

@@ -1261,6 +1261,8 @@ class EpochGuard:
                 if finding is not None:
                     found.append(finding)
                     watch.session.add_check(label, found)
+                elif stated is not None:  # the report says which replicas were judged
+                    watch.session.add_check(label, found)
         except Exception:
             log.warning("rngaudit: the partition check could not compare", exc_info=True)
         finally:
@@ -1448,6 +1450,7 @@ class EpochGuard:
         if repeat is not None:
             found.append(repeat)
         label = f"epoch {record['epoch']} of {record['loader']} ({record['chain']})"
+        label += peers.label(exchanged[0])  # the layout its peers were held to, if stated
         try:
             watch.session.add_check(label, found)
         except Exception:

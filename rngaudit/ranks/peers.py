@@ -109,6 +109,16 @@ def check_first(records: list[dict[str, Any]], loader: str, chain: str) -> list[
     ]
 
 
+def label(records: list[dict[str, Any]]) -> str:
+    """`` across <the layout>`` for a first-batch check whose peers were compared, else ""."""
+    with contextlib.suppress(Exception):
+        if any(isinstance(r.get("peer"), dict) for r in records):
+            stated = layout.current(len(records))
+            if stated is not None:
+                return f" across {stated.describe()}"
+    return ""
+
+
 def end_fields(shard: Any) -> dict[str, Any]:
     """What a rank adds to its epoch-end partition record: its sampler's statement."""
     mine = layout.sampler_rank(shard)
