@@ -63,9 +63,10 @@ def audit(
     same order of the same dataset. ``every_epoch=True`` repeats that check at every epoch.
 
     ``groups``: the data-parallel groups (lists of ranks, as DDP's process groups would be
-    given) where neither a ``DeviceMesh`` nor a wrapper says them; a rank's position in its
-    group is its replica, and the ranks at one position are peers fed the same batch
-    (``[[0, 2], [1, 3]]``: ranks 0 and 1 are peers). Also ``$RNGAUDIT_DP_GROUPS="0,2;1,3"``.
+    given), for the process, ahead of what a ``DeviceMesh`` says (docs/with-tensor-
+    parallelism.md); a rank's position in its group is its replica, and the ranks at one
+    position are peers fed the same batch (``[[0, 2], [1, 3]]``: ranks 0 and 1 are peers).
+    Also ``$RNGAUDIT_DP_GROUPS="0,2;1,3"``.
     """
     return Audit(
         mode=mode,
