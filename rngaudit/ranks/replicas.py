@@ -55,7 +55,8 @@ _state = {"armed": False}
 _grads: dict[int, tuple[Any, tuple[int, ...]]] = {}
 _optimizers: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()  # -> steps seen
 _counts: dict[tuple[int, ...], int] = {}  # group -> comparisons so far (the store keys)
-_group_ranks: dict[int, tuple[int, ...]] = {}  # id(process group) -> its ranks
+# id(process group) -> (the group, its ranks): held, so that an id is never another group's
+_group_ranks: dict[int, tuple[Any, tuple[int, ...]]] = {}
 
 
 def arm(watch: Any) -> None:
@@ -96,13 +97,14 @@ def _on_dist(module: Any) -> None:
 def _ranks_of(group: Any) -> tuple[int, ...] | None:
     dist = sys.modules["torch.distributed"]
     key = id(group)
-    found = _group_ranks.get(key)
-    if found is None:
-        if group is None:
-            found = tuple(range(int(dist.get_world_size())))
-        else:
-            found = tuple(sorted(int(r) for r in dist.get_process_group_ranks(group)))
-        _group_ranks[key] = found
+    entry = _group_ranks.get(key)
+    if entry is not None and entry[0] is group:
+        return entry[1]
+    if group is None:
+        found = tuple(range(int(dist.get_world_size())))
+    else:
+        found = tuple(sorted(int(r) for r in dist.get_process_group_ranks(group)))
+    _group_ranks[key] = (group, found)
     return found
 
 
