@@ -20,6 +20,8 @@ PERSISTENT_WORKER_STREAM = "persistent-worker-stream"
 DATASET_DIVERGENCE = "dataset-divergence"
 DATASET_CONTENT_DIVERGENCE = "dataset-content-divergence"
 PARTITION_OVERLAP = "partition-overlap"
+PEER_BATCH_DIVERGENCE = "peer-batch-divergence"  # peers of one replica: different batches
+REPLICA_WEIGHT_DIVERGENCE = "replica-weight-divergence"  # replicas: different weights
 EPOCH_ORDER_REPEATED = "epoch-order-repeated"
 AUDIT_MISMATCH = "audit-mismatch"
 MODE_MISMATCH = "mode-mismatch"
@@ -37,6 +39,8 @@ KINDS = (
     DATASET_DIVERGENCE,
     DATASET_CONTENT_DIVERGENCE,
     PARTITION_OVERLAP,
+    PEER_BATCH_DIVERGENCE,
+    REPLICA_WEIGHT_DIVERGENCE,
     EPOCH_ORDER_REPEATED,
     AUDIT_MISMATCH,
     MODE_MISMATCH,

@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import ContextDecorator
 from types import TracebackType
 from typing import Any, TypedDict, TypeVar
@@ -21,7 +21,7 @@ from rngaudit.capture.recorder import RECORDER, Window
 from rngaudit.epochs import order_check
 from rngaudit.errors import RNGAuditError
 from rngaudit.findings import Finding
-from rngaudit.ranks import exchange, session
+from rngaudit.ranks import exchange, layout, session
 from rngaudit.ranks.policy import act
 from rngaudit.reports.model import AuditReport
 
@@ -46,6 +46,7 @@ def audit(
     timeout: float | None = None,
     strict: bool = False,
     every_epoch: bool = False,
+    groups: Sequence[Sequence[int]] | None = None,
 ) -> Audit:
     """Audit the randomness drawn inside a ``with`` block (or a decorated function).
 
@@ -60,9 +61,20 @@ def audit(
     Sharded loaders (prepared by accelerate, or with a ``DistributedSampler``) built or iterated
     inside the block are checked at their first batch: every rank must be about to shard the
     same order of the same dataset. ``every_epoch=True`` repeats that check at every epoch.
+
+    ``groups``: the data-parallel groups (lists of ranks, as DDP's process groups would be
+    given), for the process, ahead of what a ``DeviceMesh`` says (docs/with-tensor-
+    parallelism.md); a rank's position in its group is its replica, and the ranks at one
+    position are peers fed the same batch (``[[0, 2], [1, 3]]``: ranks 0 and 1 are peers).
+    Also ``$RNGAUDIT_DP_GROUPS="0,2;1,3"``.
     """
     return Audit(
-        mode=mode, report_dir=report_dir, timeout=timeout, strict=strict, every_epoch=every_epoch
+        mode=mode,
+        report_dir=report_dir,
+        timeout=timeout,
+        strict=strict,
+        every_epoch=every_epoch,
+        groups=groups,
     )
 
 
@@ -77,8 +89,11 @@ class Audit(ContextDecorator):
         timeout: float | None = None,
         strict: bool = False,
         every_epoch: bool = False,
+        groups: Sequence[Sequence[int]] | None = None,
     ) -> None:
         self.settings = config.resolve(mode, report_dir, timeout, strict)
+        if groups is not None:
+            layout.declare(groups)
         instrument_torch.prepare()  # one-time kernel registration: here, not in the window
         self.every_epoch = bool(every_epoch)
         self._args: dict[str, Any] = {
@@ -87,6 +102,7 @@ class Audit(ContextDecorator):
             "timeout": timeout,
             "strict": strict,
             "every_epoch": every_epoch,
+            "groups": groups,
         }
         self.report: AuditReport | None = None
         self._window: Window | None = None

@@ -13,7 +13,9 @@ from rngaudit.with_block import Audit, WindowOptions
 
 def test_the_window_options_are_audits_keywords_but_every_epoch() -> None:
     keywords = set(inspect.signature(Audit.__init__).parameters) - {"self"}
-    assert WindowOptions.__optional_keys__ == keywords - {"every_epoch"}
+    # groups: the process's data-parallel layout, declared once (RNGAUDIT_DP_GROUPS under a
+    # framework), not a window's option
+    assert WindowOptions.__optional_keys__ == keywords - {"every_epoch", "groups"}
 
 
 @pytest.mark.parametrize("framework", ["lightning", "hf_trainer"])

@@ -46,7 +46,7 @@ from rngaudit.epochs import (
 )
 from rngaudit.errors import RNGAuditError
 from rngaudit.findings import Finding
-from rngaudit.ranks import exchange
+from rngaudit.ranks import exchange, layout, peers, replicas
 from rngaudit.ranks.policy import act, fails
 from rngaudit.reports.model import AuditReport
 from rngaudit.schema import DRAW
@@ -206,12 +206,16 @@ class EpochGuard:
         with self._lock:
             self.everything = watch
             self.install()
+        replicas.arm(watch)  # replicas' weights, at the first optimizer step
+        layout.arm()  # device meshes noted as they are built
 
     def enter(self, watch: Watch) -> None:
         """A with-block opened: loaders sharded inside it are watched."""
         with self._lock:
             self.open.append(watch)
             self.install()
+        replicas.arm(watch)  # replicas' weights, at the first optimizer step
+        layout.arm()  # device meshes noted as they are built
 
     def leave(self, watch: Watch, loaders: list[Any]) -> None:
         """A with-block closed: keep watching the sharded ``loaders`` built in it until checked
@@ -454,7 +458,7 @@ class EpochGuard:
         except TypeError:
             return batch
         with RECORDER.paused():  # the check's own work is not audited, nor re-entered
-            self._first_batch(instance)
+            self._first_batch(instance, batch)
         tape = instance.__dict__.get("_rngaudit_tape")
         if tape is not None and tape.context[1] is None:  # an observed epoch: its content
             with RECORDER.paused():
@@ -1250,10 +1254,14 @@ class EpochGuard:
                 "epoch": epoch,
                 "chain": chain,
                 "partition": tape.summary(),
+                **peers.end_fields(shard),
             }
             result = self._swap(record, f"partition/{state.index}/{epoch}", watch, "partition")
             if result is not None:
                 summaries = {int(r["rank"]): r["partition"] for r in result[0] if "partition" in r}
+                summaries, stated = peers.as_replicas(summaries, result[0])  # across replicas
+                if stated is not None:
+                    label += f" across {stated.describe()}"
                 rounds = harm.Sharding(
                     rounds=sharding.padding_rounds(shard), covers=sharding.covered(shard)
                 )
@@ -1262,6 +1270,8 @@ class EpochGuard:
                 )
                 if finding is not None:
                     found.append(finding)
+                    watch.session.add_check(label, found, _ranks_of(result[0]))
+                elif stated is not None:  # the report says which replicas were judged
                     watch.session.add_check(label, found, _ranks_of(result[0]))
         except Exception:
             log.warning("rngaudit: the partition check could not compare", exc_info=True)
@@ -1313,7 +1323,7 @@ class EpochGuard:
         return cast(list[dict[str, Any]], expand_groups(result.records)), list(result.missing)
 
     # -- the check -----------------------------------------------------------------------------
-    def _first_batch(self, iterator: Any) -> None:
+    def _first_batch(self, iterator: Any, batch: Any = None) -> None:
         try:
             nodes = sharding.chain(peek.attr(iterator, "_index_sampler"))
             shard = sharding.shard_of(nodes)
@@ -1330,6 +1340,7 @@ class EpochGuard:
                 if not watch.every_epoch and state.checks > 0:
                     return
                 record = self._record(iterator, nodes, shard, state)
+            record.update(peers.first_fields(shard, batch))  # type: ignore[typeddict-item]
         except Exception:  # the auditor must never break the loader
             log.warning("rngaudit: could not prepare the order check", exc_info=True)
             return
@@ -1442,12 +1453,14 @@ class EpochGuard:
         except Exception:
             log.warning("rngaudit: the order check could not compare", exc_info=True)
             return []
+        found += peers.check_first(exchanged[0], record["loader"], record["chain"])
         if order_rules.only_draws_differ(found):
             found = self._measure_planned(found, record, watch, state, planned)
         repeat = order_rules.repeated(record, state.previous)
         if repeat is not None:
             found.append(repeat)
         label = f"epoch {record['epoch']} of {record['loader']} ({record['chain']})"
+        label += peers.label(exchanged[0])  # the layout its peers were held to, if stated
         try:
             watch.session.add_check(label, found, _ranks_of(exchanged[0]))
         except Exception:

@@ -1,0 +1,387 @@
+"""Replicas start from the same weights: replicated parameters compared at the first optimizer step.
+
+A parameter is replicated over a group where the program says so: a ``DistributedDataParallel``
+module's process group, an FSDP1 module sharding ``NO_SHARD`` (its group) or ``HYBRID_SHARD``
+(its inter-node group), a DTensor placed ``Replicate()`` on a mesh dim (that dim's group: HSDP's
+replicate dim, a tensor-parallel replicated bias), or gradients averaged by hand with
+``dist.all_reduce(p.grad, group=...)`` before the step (the group reduced over). At each
+optimizer's first step that holds such parameters (a global pre-hook: before any replica
+moves), each rank digests them (shape, dtype and up to :data:`SAMPLED` evenly spaced elements
+of the local tensor) and the ranks of each group compare them through the store, with the
+audit's timeout; a difference is an error raised from ``step()``, before the step. After
+that an optimizer's steps cost a dictionary look-up; an ``all_reduce`` one dictionary entry.
+The hook and the wrapper are undone at exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import hashlib
+import logging
+import sys
+import weakref
+from typing import Any
+
+from rngaudit import findings as fk
+from rngaudit import forksafe
+from rngaudit.capture.patching import PatchSet
+from rngaudit.capture.recorder import RECORDER
+from rngaudit.findings import Finding
+from rngaudit.ranks import exchange
+
+log = logging.getLogger("rngaudit")
+
+SAMPLED = 4096  # elements of a parameter digested, evenly spaced
+MAX_TRIES = 16  # optimizer steps looked at for replicated parameters, at most
+MAX_GRADS = 100_000  # all-reduced tensors remembered before the first step, at most
+PREFIX = "rngaudit/replicas"
+
+REMEDY = (
+    "Start every replica from the same weights: FSDP(..., sync_module_states=True) where the "
+    "device allows; or broadcast each parameter (each local shard, over the replicate group) "
+    "before training: for p in model.parameters(): dist.broadcast(p.data, src=group_rank_0, "
+    "group=replicate_group); or seed every rank identically before the model is built (and "
+    "use per-rank seeds only after it: dropout, augmentation). DDP broadcasts at construction."
+)
+
+_lock = forksafe.lock()
+_patches = PatchSet()  # the optimizer hook (never removed inside its own call: at exit)
+_reduce = PatchSet()  # the all_reduce wrapper
+_watch: list[Any] = [None]  # the Watch (settings, session) findings are acted on by
+_state = {"armed": False}
+# id(tensor) -> (the tensor, weakly; the ranks it was all-reduced over); by id: a tensor's
+# __eq__ is elementwise
+_grads: dict[int, tuple[Any, tuple[int, ...]]] = {}
+_optimizers: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()  # -> steps seen
+_counts: dict[tuple[int, ...], int] = {}  # group -> comparisons so far (the store keys)
+# id(process group) -> (the group, its ranks): held, so that an id is never another group's
+_group_ranks: dict[int, tuple[Any, tuple[int, ...]]] = {}
+
+
+def arm(watch: Any) -> None:
+    """Compare replicated parameters at the first optimizer step (``watch``: how to act);
+    the first arming's watch is kept. Never raises."""
+    with contextlib.suppress(Exception), _lock:
+        if _state["armed"]:
+            return
+        _state["armed"] = True
+        _watch[0] = watch
+        _patches.when_imported("torch.optim.optimizer", _on_optim)
+        _patches.when_imported("torch.distributed", _on_dist)
+        atexit.register(disarm)
+
+
+def disarm() -> None:
+    """Every hook and wrapper undone."""
+    with _lock:
+        _reduce.undo()
+        _patches.undo()
+        _state["armed"] = False
+
+
+def _on_optim(module: Any) -> None:
+    register = getattr(module, "register_optimizer_step_pre_hook", None)
+    if callable(register):
+        handle = register(_pre_step)
+        _patches.add_undo(handle.remove)
+
+
+def _on_dist(module: Any) -> None:
+    if _reduce.replaced(module, "all_reduce"):
+        return
+    if callable(getattr(module, "all_reduce", None)):
+        _reduce.wrap(module, "all_reduce", _all_reduce)
+
+
+def _ranks_of(group: Any) -> tuple[int, ...] | None:
+    dist = sys.modules["torch.distributed"]
+    key = id(group)
+    entry = _group_ranks.get(key)
+    if entry is not None and entry[0] is group:
+        return entry[1]
+    if group is None:
+        found = tuple(range(int(dist.get_world_size())))
+    else:
+        found = tuple(sorted(int(r) for r in dist.get_process_group_ranks(group)))
+    _group_ranks[key] = (group, found)
+    return found
+
+
+def _all_reduce(wrapped: Any, instance: Any, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
+    """``dist.all_reduce``: which group each tensor (a gradient, maybe) was reduced over."""
+    with contextlib.suppress(Exception):
+        tensor = args[0] if args else kw.get("tensor")
+        group = args[2] if len(args) > 2 else kw.get("group")
+        if tensor is not None and _state["armed"]:
+            ranks = _ranks_of(group)
+            if len(_grads) >= MAX_GRADS:
+                for key in [k for k, (ref, _) in _grads.items() if ref() is None]:
+                    del _grads[key]
+            if ranks is not None and len(_grads) < MAX_GRADS:
+                _grads[id(tensor)] = (weakref.ref(tensor), ranks)
+    return wrapped(*args, **kw)
+
+
+def _pre_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    """An optimizer's first step with replicated parameters (its first :data:`MAX_TRIES`
+    steps looked at): compared there; a few attribute reads a step otherwise."""
+    try:
+        if _optimizers.get(optimizer, 0) >= MAX_TRIES:
+            return  # looked at: the one look-up of every later step
+    except TypeError:
+        return
+    with _lock:
+        if not _state["armed"]:
+            return
+        watch = _watch[0]
+        try:
+            steps = _optimizers.get(optimizer, 0)
+            if steps >= MAX_TRIES:
+                return
+            _optimizers[optimizer] = steps + 1
+        except TypeError:
+            return
+    if exchange.distributed() is None or watch is None:
+        return
+    with RECORDER.paused():
+        try:
+            groups = _replicated(optimizer)
+        except Exception:
+            log.debug("rngaudit: could not read the replicated parameters", exc_info=True)
+            groups = {}
+        if not groups:
+            return  # nothing replicated yet: its next step's gradients may be
+        with _lock:
+            _optimizers[optimizer] = MAX_TRIES  # compared once
+        found = _check(groups, watch)
+    if found:
+        from rngaudit.epochs import order_check
+
+        with contextlib.suppress(Exception):
+            watch.session.add_check("replicas' weights at the first optimizer step", found)
+        order_check._act(found, watch, "replicas' weights at the first optimizer step")
+
+
+def _replicated(optimizer: Any) -> dict[tuple[int, ...], dict[str, tuple[str, Any]]]:
+    """group ranks -> {parameter key: (what says it is replicated, the local tensor)}."""
+    wrapped = _wrapper_groups()
+    out: dict[tuple[int, ...], dict[str, tuple[str, Any]]] = {}
+    index = 0
+    for group in list(getattr(optimizer, "param_groups", []) or []):
+        for p in list(group.get("params", []) or []):
+            index += 1
+            key = f"{index - 1}:{tuple(int(s) for s in p.shape)}"
+            for ranks, said, local in _groups_of(p, wrapped):
+                if len(ranks) > 1:
+                    out.setdefault(ranks, {})[key] = (said, local)
+    return out
+
+
+def _wrapper_groups() -> dict[int, tuple[tuple[int, ...], str]]:
+    """id(parameter) -> (its replicate group, the wrapper) for DDP and FSDP1 modules."""
+    from rngaudit.epochs import observed
+
+    observed.data_parallel_groups(scan=True)  # those built before rngaudit was (once)
+    out: dict[int, tuple[tuple[int, ...], str]] = {}
+    for module in list(observed._FOUND.values()):
+        with contextlib.suppress(Exception):
+            name = type(module).__name__
+            if name == "DistributedDataParallel":
+                ranks = _ranks_of(getattr(module, "process_group", None))
+                said = "DistributedDataParallel"
+            elif name == "FullyShardedDataParallel":
+                strategy = getattr(getattr(module, "sharding_strategy", None), "name", "")
+                if strategy == "NO_SHARD":
+                    ranks = _ranks_of(getattr(module, "process_group", None))
+                elif "HYBRID" in strategy:
+                    ranks = _ranks_of(getattr(module, "_inter_node_pg", None))
+                else:
+                    continue
+                said = f"FullyShardedDataParallel({strategy})"
+            else:
+                continue
+            if ranks is None:
+                continue
+            for p in module.parameters():
+                out[id(p)] = (ranks, said)
+    return out
+
+
+def _groups_of(
+    p: Any, wrapped: dict[int, tuple[tuple[int, ...], str]]
+) -> list[tuple[tuple[int, ...], str, Any]]:
+    found: list[tuple[tuple[int, ...], str, Any]] = []
+    placements = getattr(p, "placements", None)
+    mesh = getattr(p, "device_mesh", None)
+    if placements is not None and mesh is not None:  # a DTensor: each Replicate() dim's group
+        local = p.to_local()
+        for dim, placement in enumerate(placements):
+            if type(placement).__name__ == "Replicate":
+                ranks = _ranks_of(mesh.get_group(dim))
+                if ranks is not None:
+                    found.append((ranks, f"a DTensor placed Replicate() on mesh dim {dim}", local))
+        return found
+    if id(p) in wrapped:
+        ranks, said = wrapped[id(p)]
+        found.append((ranks, said, p))
+    grad = getattr(p, "grad", None)
+    entry = _grads.get(id(grad)) if grad is not None else None
+    if entry is not None and entry[0]() is grad:
+        ranks = entry[1]
+        if all(r != ranks for r, _, _ in found):
+            found.append((ranks, "its gradient all-reduced over the group", p))
+    return found
+
+
+def digest(tensor: Any) -> str:
+    """Shape, dtype and up to :data:`SAMPLED` evenly spaced elements of a local tensor."""
+    h = hashlib.blake2b(digest_size=8)
+    t = tensor.detach()
+    h.update(f"{tuple(t.shape)}:{t.dtype};".encode())
+    flat = t.reshape(-1)
+    step = max(1, flat.numel() // SAMPLED)
+    sample = flat[::step][:SAMPLED].to("cpu").contiguous()
+    h.update(sample.view(-1).view(sys.modules["torch"].uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _check(groups: dict[tuple[int, ...], dict[str, tuple[str, Any]]], watch: Any) -> list[Finding]:
+    where = exchange.distributed()
+    if where is None:
+        return []
+    rank = where[0]
+    found: list[Finding] = []
+    timeout = float(watch.settings.timeout)
+    for ranks in sorted(groups):
+        if rank not in ranks:
+            continue
+        params = groups[ranks]
+        try:
+            mine = {k: digest(t) for k, (_, t) in params.items()}
+            inits = _init_sites(watch.session)
+            published = _swap(ranks, rank, {"digests": mine, "inits": inits}, timeout)
+        except Exception:
+            log.warning("rngaudit: the replicas' weights could not be compared", exc_info=True)
+            continue
+        if isinstance(published, list):
+            found.append(
+                fk.rank_missing(
+                    published,
+                    [r for r in ranks if r not in published],
+                    where="reach the first optimizer step",
+                    timeout=timeout,
+                    unseen="the replicas' weights",
+                    severity="warning",
+                    details={"group": list(ranks)},
+                )
+            )
+            continue
+        digests = {r: dict(p.get("digests") or {}) for r, p in published.items()}
+        differ = sorted(
+            (k for k in mine if len({d.get(k) for d in digests.values()}) > 1),
+            key=lambda k: int(k.split(":")[0]),
+        )
+        if differ:
+            said = sorted({params[k][0] for k in differ})
+            sites = _differing_sites({r: dict(p.get("inits") or {}) for r, p in published.items()})
+            found.append(_finding(list(ranks), differ, len(mine), said, sites))
+    return found
+
+
+def _swap(
+    ranks: tuple[int, ...], rank: int, mine: dict[str, Any], timeout: float
+) -> dict[int, dict[str, Any]] | list[int]:
+    """Every rank's digests, or the ranks missing after ``timeout``."""
+    from rngaudit.epochs import observed
+
+    store = exchange._store()
+    name = hashlib.blake2b(",".join(map(str, ranks)).encode(), digest_size=6).hexdigest()
+    with _lock:
+        n = _counts[ranks] = _counts.get(ranks, 0) + 1
+    base = f"{PREFIX}/{name}/{n}"
+    keys = [f"{base}/{r}" for r in ranks]
+    store.set(f"{base}/{rank}", exchange.encode(mine))
+    observed._wait(store, keys, timeout)
+    missing = [r for r, k in zip(ranks, keys, strict=True) if not store.check([k])]
+    if missing:
+        return missing
+    payloads = exchange._get_all(store, keys)
+    if store.add(f"{base}/read", 1) == len(ranks):
+        exchange._delete(store, [*keys, f"{base}/read"])
+    return {r: exchange.decode(bytes(p)) for r, p in zip(ranks, payloads, strict=True)}
+
+
+INIT_FUNCTIONS = frozenset({"reset_parameters", "_reset_parameters"})
+MAX_SITES = 64
+
+
+def _init_sites(session: Any) -> dict[str, str]:
+    """The initialisation draws this rank's audit windows recorded (``reset_parameters`` or
+    ``torch.nn.init``): the user's call site -> the generator state before its first draw."""
+    out: dict[str, str] = {}
+    with contextlib.suppress(Exception):
+        rank = exchange.current_rank()
+        record = (getattr(session, "records", {}) or {}).get(rank) or {}
+        for event in record.get("events") or []:
+            if event.get("kind") != "draw" or not event.get("fingerprint"):
+                continue
+            chain = [event.get("call_site") or {}, *(event.get("chain") or [])]
+            if not any(
+                c.get("function") in INIT_FUNCTIONS
+                or str(c.get("file", "")).replace("\\", "/").endswith("torch/nn/init.py")
+                for c in chain
+                if isinstance(c, dict)
+            ):
+                continue
+            site = event.get("user_call_site") or event.get("call_site") or {}
+            key = f"{site.get('file')}:{site.get('line')} ({site.get('function')})"
+            out.setdefault(key, str(event["fingerprint"]))
+            if len(out) >= MAX_SITES:
+                break
+    return out
+
+
+def _differing_sites(inits: dict[int, dict[str, str]]) -> list[str]:
+    """The call sites every rank recorded whose generator states differ across the ranks."""
+    common = set.intersection(*(set(d) for d in inits.values())) if inits else set()
+    return sorted(k for k in common if len({d[k] for d in inits.values()}) > 1)
+
+
+def _finding(
+    ranks: list[int], differ: list[str], total: int, said: list[str], sites: list[str]
+) -> Finding:
+    shown = ", ".join(f"#{k.split(':')[0]} (shape {k.split(':', 1)[1]})" for k in differ[:4]) + (
+        ", ..." if len(differ) > 4 else ""
+    )
+    message = (
+        f"The replicas of ranks {', '.join(map(str, ranks))} hold different weights at the "
+        f"first optimizer step: {len(differ)} of the {total} parameters they replicate differ "
+        f"(the optimizer's parameters {shown}; replicated as {' and '.join(said)}). Nothing "
+        "re-syncs them: each replica trains its own model with one averaged gradient. "
+    )
+    if sites:
+        message += (
+            f"They were initialised at {'; '.join(sites[:4])}{', ...' if len(sites) > 4 else ''}"
+            ", whose draws came from generator states that differ across the ranks, and were "
+            "never broadcast."
+        )
+    else:
+        message += (
+            "They were initialised from generator states that differ across the ranks (per-rank "
+            "seeds, or none, before the model was built; the initialisation was not inside an "
+            "audit window, so its lines are not named) and never broadcast."
+        )
+    return Finding(
+        kind=fk.REPLICA_WEIGHT_DIVERGENCE,
+        severity="error",
+        message=message,
+        ranks=ranks,
+        remedy=REMEDY,
+        details={
+            "group": ranks,
+            "parameters": differ,
+            "replicated_as": said,
+            "init_call_sites": sites,
+        },
+    )
