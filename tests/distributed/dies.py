@@ -15,6 +15,10 @@ destroy-alone:     rank 0 trains its epoch and calls destroy_process_group() (wh
     epoch, before it would have.
 ctrl-c:            Ctrl-C in the third batch (SIGINT on every rank, as a terminal sends it to
     the process group): KeyboardInterrupt, inside the RNGAUDIT window.
+first-batch-killed: rank 1 is SIGKILLed (the OOM killer's way: no exception, no exit handler)
+    inside the order check's exchange at the first batch of a DistributedSampler loader, once
+    rank 0 waits there for it (placed by a wrap of rngaudit's publish, on rank 1 only).
+block-killed:      the same inside the exchange at the exit of a ``with rngaudit.audit():``.
 """
 
 from __future__ import annotations
@@ -22,11 +26,16 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, Dataset, RandomSampler, Sampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, Sampler
+
+import rngaudit
+from rngaudit.ranks import exchange
 
 scenario = sys.argv[1]
 dist.init_process_group("gloo")
@@ -51,9 +60,35 @@ class OwnShare(Sampler[int]):
         yield from torch.randperm(16).tolist()[rank::world]
 
 
+def killed_in_exchange(prefix: str) -> None:
+    """This rank dies by SIGKILL on entering the exchange whose key starts with ``prefix``,
+    once rank 0 has arrived there (and waits for it): before this rank's arrival is published."""
+    publish = exchange.publish
+
+    def dying(store: Any, rank: int, world: int, key: str, *args: Any, **kw: Any) -> list[str]:
+        if key.startswith(prefix):
+            while not store.check([f"{exchange.KEY_PREFIX}/{key}/arrival/0"]):
+                time.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return publish(store, rank, world, key, *args, **kw)
+
+    exchange.publish = dying
+
+
 torch.manual_seed(42)
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1))
-if scenario == "destroy-alone":
+if scenario == "first-batch-killed":
+    if rank == 1:
+        killed_in_exchange("epoch/")
+    for batch in DataLoader(Items(), batch_size=2, sampler=DistributedSampler(Items())):
+        model(batch).sum().backward()
+elif scenario == "block-killed":
+    with rngaudit.audit():
+        for batch in DataLoader(Items(), batch_size=2, sampler=OwnShare()):
+            model(batch).sum().backward()
+        if rank == 1:
+            killed_in_exchange("a/")  # the next audit exchange: this block's, at its exit
+elif scenario == "destroy-alone":
     for batch in DataLoader(Items(), batch_size=2, sampler=OwnShare()):
         model(batch).sum().backward()
     if rank == 1:
