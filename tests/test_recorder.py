@@ -227,8 +227,9 @@ def test_bad_arguments_raise_one_clear_error() -> None:
 
 def test_public_api_is_exported() -> None:
     params = inspect.signature(rngaudit.audit).parameters
-    assert list(params) == ["mode", "report_dir", "timeout", "strict", "every_epoch"]
+    assert list(params) == ["mode", "report_dir", "timeout", "strict", "every_epoch", "groups"]
     assert params["every_epoch"].default is False
+    assert params["groups"].default is None  # the data-parallel groups, declared (issue 35)
     assert params["mode"].default == "raise"
     assert issubclass(rngaudit.RNGDivergenceError, rngaudit.RNGAuditError)
     assert issubclass(rngaudit.RNGAuditTimeoutError, rngaudit.RNGAuditError)
