@@ -16,6 +16,7 @@ ENV_REPORT_DIR = "RNGAUDIT_REPORT_DIR"  # where reports go (default ./rngaudit-r
 ENV_TIMEOUT = "RNGAUDIT_TIMEOUT"  # seconds a rank waits for the others (default 120)
 ENV_EPOCHS = "RNGAUDIT_EPOCHS"  # all (default): order check at every epoch; first; 0: off
 ENV_SAMPLE_KEY = "RNGAUDIT_SAMPLE_KEY"  # a batch field: iterable-style loaders holding it keyed
+ENV_GROUPS = "RNGAUDIT_DP_GROUPS"  # "0,2;1,3": the data-parallel groups, as DDP would be given
 
 MODES = ("raise", "warn", "report")
 DEFAULT_REPORT_DIR = "rngaudit-report"

@@ -14,12 +14,11 @@ from typing import Any
 
 from rngaudit import peek
 from rngaudit.capture.patching import PatchSet
-from rngaudit.config import shown
+from rngaudit.config import ENV_GROUPS, shown
 from rngaudit.errors import ConfigError
 
 log = logging.getLogger("rngaudit")
 
-ENV_GROUPS = "RNGAUDIT_DP_GROUPS"  # "0,2;1,3": the data-parallel groups, as DDP would be given
 # a mesh dimension is data-parallel when every "_"-separated part of its name is one of these
 DP_PARTS = frozenset({"dp", "ddp", "fsdp", "hsdp", "data", "replicate", "shard", "batch"})
 # and a peer dimension (one replica's ranks, fed the same batch) when some part is one of these;
