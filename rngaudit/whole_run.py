@@ -337,6 +337,7 @@ class WholeRun:
                 self.window_open = False
                 self._detach()
         self.session.at_exit()
+        exchange.settle()  # a store wait of the exit exchange still live aborts finalization
 
     def _final(self, label: str) -> None:
         """The last checkpoint: it never raises (the run is ending); a verdict goes to stderr."""

@@ -249,6 +249,12 @@ class _Waiter:
         return False
 
 
+def settle(seconds: float = 1.0) -> None:
+    """At the end of an exit hook that exchanged: let the store waits it started return (see
+    :meth:`_Waiter.settle_all`, which atexit already ran if a waiter was made before the hook)."""
+    _Waiter.settle_all(seconds)
+
+
 def store_lost(exc: BaseException) -> bool:
     """Is ``exc`` the store's connection breaking (torch's ``DistNetworkError``: broken pipe,
     connection reset), not its timeout?"""
