@@ -257,7 +257,10 @@ def test_a_rank_raising_while_the_other_concludes_in_destroy_process_group(
     output = proc.stdout + proc.stderr
     assert proc.returncode == 1, output[-3000:]
     assert "[rank1]: RuntimeError: rank 1's own bug after the epoch" in output
-    assert "local_rank: 0" not in output  # rank 0 ended normally
+    # torchrun SIGTERMs rank 0 once rank 1 has failed: whether rank 0 had ended by then is a
+    # race it loses under load (a clean-clone make test, 2026-12-04); the report below holds
+    # what rank 0 must have done before, whichever way it ended
+    assert "local_rank: 0" not in output or "exitcode  : -15" in output, output[-3000:]
     assert "rngaudit: could not" not in output, output[-3000:]
     records = _records(report)
     assert sorted(records) == [0, 1] and all(records[r]["events"] for r in records), report
