@@ -60,11 +60,11 @@ CONFIGS = [
 # configs are never listed here.
 NO_DDP_WARNS = (
     "miss: epoch-0 overlap of a loader no known class shards, with no data-parallel module and "
-    "no earlier partition: order_rules.observed_overlap (order_rules.py:641) makes it a warning"
+    "no earlier partition: order_rules.observed_overlap makes it a warning"
 )
 BY_CHANCE = (
     "miss: epoch-0 overlap under DDP of a small epoch (n <= 40): observed_overlap needs "
-    "by_chance_ruled_out (order_rules.py:236, called at :645), which cannot rule out ranks "
+    "harm.by_chance_ruled_out, which cannot rule out ranks "
     "drawing independently with replacement at this size, though no rank repeated a sample"
 )
 WINDOW = (
@@ -90,8 +90,8 @@ WORLD3_EPOCH1 = (
 )
 PADDING_ASSUMED = (
     "miss: one sample on two ranks and one on none (per-rank Subsets of different orders): "
-    "an overlap of world - 1 is taken for DistributedSampler padding (beyond_padding, "
-    "order_rules.py:199) though this layout pads nothing; the with-block's dataset comparison "
+    "an overlap of world - 1 is taken for DistributedSampler padding (harm.allowed_as) "
+    "though this layout pads nothing; the with-block's dataset comparison "
     "says nothing either (not isolated)"
 )
 BOTH = {  # the same wrong verdict in the with-block and under RNGAUDIT=1

@@ -36,7 +36,6 @@ from rngaudit.epochs import (
     ahead,
     early,
     first_step,
-    harm,
     keyed,
     observed,
     order_rules,
@@ -1262,11 +1261,8 @@ class EpochGuard:
                 summaries, stated = peers.as_replicas(summaries, result[0])  # across replicas
                 if stated is not None:
                     label += f" across {stated.describe()}"
-                rounds = harm.Sharding(
-                    rounds=sharding.padding_rounds(shard), covers=sharding.covered(shard)
-                )
                 finding = order_rules.partition_overlap(
-                    summaries, state.label, chain, epoch, rounds
+                    summaries, state.label, chain, epoch, sharding.allowance(shard)
                 )
                 if finding is not None:
                     found.append(finding)

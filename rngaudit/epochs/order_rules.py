@@ -197,14 +197,6 @@ _DRAWS_ONLY = (
 )
 
 
-def beyond_padding(
-    seen: dict[str, Any], world: int, sharding: harm.Sharding = harm.UNKNOWN
-) -> bool:
-    """Whether a measured overlap (:func:`~rngaudit.epochs.partition.overlap`) is harm: the
-    one rule, :func:`~rngaudit.epochs.harm.harm`, with its allowance table."""
-    return harm.harm(seen, world, sharding)
-
-
 def _shared(seen: dict[str, Any]) -> str:
     """How many samples more than one rank took, in words (an estimate says so)."""
     if not seen.get("estimated"):
@@ -265,7 +257,7 @@ def planned_overlap(
             f.details["shares"] = "unread"  # under DDP/FSDP: also compared as they are drawn
             out.append(f)
             continue
-        if not beyond_padding(seen, world):
+        if not harm.harm(seen, world):
             continue  # measured intact: the ranks order shares that still partition the data
         never = int(seen.get("never_estimate", seen["root_size"] - seen["union"]))
         f.severity = "error"
@@ -516,7 +508,7 @@ def partition_overlap(
     """
     world = len(summaries)
     seen = partition.overlap(summaries)
-    if seen is None or not beyond_padding(seen, world, sharding):
+    if seen is None or not harm.harm(seen, world, sharding):
         return None
     never = int(seen.get("never_estimate", seen["root_size"] - seen["union"]))
     counts = ", ".join(f"rank {r}: {n}" for r, n in sorted(seen["per_rank"].items()))
@@ -730,7 +722,7 @@ def first_batches_overlap(
     drew from state that differs across ranks), the reason the overlap is harm instead."""
     world = len(summaries)
     seen = partition.overlap(summaries)
-    if seen is None or not beyond_padding(seen, world):
+    if seen is None or not harm.harm(seen, world):
         return None
     if sharded_by is not None and not replacement_ruled_out(seen, world):
         return None  # no earlier partition: too few shared to rule out sampling by design
