@@ -47,10 +47,9 @@ def test_every_class_and_method_named_for_torch_and_torchdata_exists() -> None:
                  "torch.utils.data.dataloader", "torchdata.stateful_dataloader.sampler",
                  "torchdata.stateful_dataloader.stateful_dataloader"):  # fmt: skip
         module = importlib.import_module(name)
-        for _, classes, methods in samplers.KNOWN[name]:
-            for cls in classes:
-                found = [m for m in methods if samplers._code(getattr(module, cls), m)]
-                assert found, f"{name}.{cls} has none of {methods}"
+        for _, cls, methods in samplers.known(name):
+            found = [m for m in methods if samplers._code(getattr(module, cls), m)]
+            assert found, f"{name}.{cls} has none of {methods}"
 
 
 class Base(sampler.Sampler[int]):

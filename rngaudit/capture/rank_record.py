@@ -6,7 +6,7 @@ import os
 import socket
 from typing import Any, Literal
 
-from rngaudit import peek, schema
+from rngaudit import library_samplers, peek, schema
 from rngaudit.capture import environment, event_log, framework, naming
 from rngaudit.capture.recorder import RECORDER, Recorder
 from rngaudit.epochs import partition, sharding
@@ -82,7 +82,7 @@ def summarize_loaders(rec: Recorder, events: list[schema.Event]) -> list[schema.
         entry: schema.Loader = {
             "loader": name,
             "num_workers": peek.integer(peek.attr(loader, "num_workers"), 0),
-            "sampler": " > ".join(type(s).__name__ for s in chain) or None,
+            "sampler": library_samplers.chain_name(chain) or None,
             "generator": _generator_name(rec, generator),
             "drew_before_iteration": bool(early),
             "fingerprint": early[0]["fingerprint"] if early else None,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from threading import current_thread
 from typing import Any
 
-from rngaudit import forksafe, schema
+from rngaudit import forksafe, library_samplers, schema
 from rngaudit.capture import callsite, fingerprint, naming
 from rngaudit.capture.event_log import ITERATION, PRE_ITERATION, Event, EventLog, SamplerInfo
 from rngaudit.capture.fingerprint import TorchFingerprint
@@ -349,7 +349,7 @@ class Recorder:
                 loader = obj
         if not samplers:
             return None
-        chain = " > ".join(type(s).__name__ for s in reversed(samplers))
+        chain = library_samplers.chain_name(reversed(samplers))
         loader_name = None
         if loader is not None:
             loader_name = naming.LOADERS.name(loader)

@@ -27,16 +27,13 @@ def _class_name(obj: Any) -> str:
 
 
 def is_distributed_sampler(obj: Any) -> bool:
-    dist_mod = sys.modules.get("torch.utils.data.distributed")
-    cls = getattr(dist_mod, "DistributedSampler", None)
-    return cls is not None and isinstance(obj, cls)
+    return library_samplers.is_a(obj, "DistributedSampler")
 
 
 def has_own_iter(obj: Any) -> bool:
     """Whether ``obj`` is a DistributedSampler whose class has an ``__iter__`` of its own (a
     subclass's order, which its seed and epoch do not fix)."""
-    dist_mod = sys.modules.get("torch.utils.data.distributed")
-    cls = getattr(dist_mod, "DistributedSampler", None)
+    cls = library_samplers.loaded(library_samplers.row("DistributedSampler"))
     kind = type(obj)  # never obj.__class__ (a property on some objects: user code)
     if not isinstance(cls, type) or not issubclass(kind, cls):
         return False
@@ -44,15 +41,11 @@ def has_own_iter(obj: Any) -> bool:
 
 
 def _is_batch_sampler_shard(obj: Any) -> bool:
-    acc = sys.modules.get("accelerate.data_loader")
-    cls = getattr(acc, "BatchSamplerShard", None)
-    return cls is not None and isinstance(obj, cls)
+    return library_samplers.is_a(obj, "BatchSamplerShard")
 
 
 def _is_iterable_shard(obj: Any) -> bool:
-    acc = sys.modules.get("accelerate.data_loader")
-    cls = getattr(acc, "IterableDatasetShard", None)
-    return cls is not None and isinstance(obj, cls)
+    return library_samplers.is_a(obj, "IterableDatasetShard")
 
 
 def allowance(shard: Any) -> harm.Sharding:
@@ -91,16 +84,14 @@ def chain(root: Any) -> list[Any]:
 def shard_of(nodes: list[Any]) -> Any:
     """The sampler that splits the order between ranks, or None."""
     for node in nodes:
-        if _is_batch_sampler_shard(node):
-            if peek.integer(peek.attr(node, "num_processes"), 1) > 1:
-                return node
-        elif is_distributed_sampler(node) and peek.integer(peek.attr(node, "num_replicas"), 1) > 1:
+        known = library_samplers.sharder(node, library_samplers.ORDER)
+        if known is not None and peek.integer(peek.attr(node, known.world or ""), 1) > 1:
             return node
     return None
 
 
 def chain_name(nodes: list[Any]) -> str:
-    return " > ".join(_class_name(n) for n in nodes)
+    return library_samplers.chain_name(nodes)
 
 
 def is_shuffling(nodes: list[Any]) -> bool:
@@ -108,7 +99,7 @@ def is_shuffling(nodes: list[Any]) -> bool:
     for node in nodes:
         if is_distributed_sampler(node):
             return bool(peek.flag(peek.attr(node, "shuffle")))
-        if _class_name(node) in library_samplers.SHUFFLING:
+        if library_samplers.shuffles(_class_name(node)):
             return True
     return False
 

@@ -47,7 +47,7 @@ def _sampler_remedy(kind: str, own: bool) -> str:
 
 def _known_sampler(chain: str) -> bool:
     """Whether the innermost sampler of a chain is a library's (not the user's own)."""
-    return chain.rsplit(" > ", 1)[-1].strip() in library_samplers.LIBRARY
+    return library_samplers.ends_in_library(chain)
 
 
 CONSUMPTION_REMEDY = (

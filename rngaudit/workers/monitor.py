@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import tempfile
@@ -12,7 +13,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rngaudit import forksafe
+from rngaudit import forksafe, library_samplers
 from rngaudit.capture.patching import PatchSet
 from rngaudit.config import MODES
 from rngaudit.errors import ConfigError, RNGAuditWarning, WorkerDuplicateStreamError
@@ -27,13 +28,7 @@ from rngaudit.workers import evidence
 from rngaudit.workers.draws import DRAW_PREFIX
 from rngaudit.workers.probe import GeneratorRef, WorkerProbe, find_generators, read_reports
 
-TORCH_DATALOADER = "torch.utils.data.dataloader"
-TORCHDATA_DATALOADER = "torchdata.stateful_dataloader.stateful_dataloader"
-# Iterator classes whose __init__ starts the worker processes.
-TARGETS = (
-    (TORCH_DATALOADER, "_MultiProcessingDataLoaderIter.__init__"),
-    (TORCHDATA_DATALOADER, "_StatefulMultiProcessingDataLoaderIter.__init__"),
-)
+TORCHDATA_DATALOADER = library_samplers.row("StatefulDataLoader").module
 
 _CHECK_ATTR = "_rngaudit_worker_check"
 _MARKER_ATTR = "_rngaudit_first_batch_check"
@@ -92,16 +87,24 @@ def _patch(module: object, target: str) -> None:
         PATCHES.wrap_path(module, target, _dispatch_init)
 
 
-def _on_torchdata_import(module: object) -> None:
+def targets() -> list[tuple[str, str]]:
+    """(module, ``Class.__init__``) of the known iterator classes that start the workers."""
+    return [
+        (k.module, f"{k.name}.__init__")
+        for k in library_samplers.of_kind(library_samplers.WORKER_ITERATOR)
+    ]
+
+
+def _on_import(target: str, module: object) -> None:
     with _state_lock:
-        _patch(module, TARGETS[1][1])
+        _patch(module, target)
 
 
 def _apply_patches() -> None:
-    import torch.utils.data.dataloader as dataloader
+    import torch.utils.data.dataloader  # noqa: F401  (patched now, the others when imported)
 
-    _patch(dataloader, TARGETS[0][1])
-    PATCHES.when_imported(TORCHDATA_DATALOADER, _on_torchdata_import)
+    for module, target in targets():
+        PATCHES.when_imported(module, functools.partial(_on_import, target))
 
 
 def _remove_patches() -> None:

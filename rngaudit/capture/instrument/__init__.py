@@ -6,7 +6,7 @@ import functools
 import logging
 import sys
 
-from rngaudit import forksafe
+from rngaudit import forksafe, library_samplers
 from rngaudit.capture.instrument import loaders as instrument_loaders
 from rngaudit.capture.instrument import samplers as instrument_samplers
 from rngaudit.capture.instrument.numpy_random import NumpyInstrumentation
@@ -15,8 +15,13 @@ from rngaudit.capture.instrument.torch_ops import TorchInstrumentation
 from rngaudit.capture.recorder import RECORDER, Recorder
 
 log = logging.getLogger("rngaudit")
-# The modules whose import installs a part (or marks samplers) while a window is open.
-WATCHED = ("torch", "numpy.random", *instrument_samplers.KNOWN)
+
+
+def watched() -> list[str]:
+    """The modules whose import installs a part (or marks samplers) while a window is open."""
+    return ["torch", "numpy.random", *library_samplers.modules()]
+
+
 _lock = forksafe.lock()
 
 
@@ -38,7 +43,7 @@ class Instrumentation:
             for name in ("torch", "numpy"):
                 if name in sys.modules:
                     self._part(name)
-            for name in WATCHED:
+            for name in watched():
                 self.rec.patches.when_imported(name, functools.partial(self._on_import, name))
 
     def _on_import(self, name: str, module: object) -> None:
@@ -62,7 +67,7 @@ class Instrumentation:
     def _samplers(self, name: str | None = None) -> None:
         """Wrap the loader classes and mark the known samplers of ``name`` (default: of every
         known module imported), each module once per window."""
-        names = [name] if name is not None else list(instrument_samplers.KNOWN)
+        names = [name] if name is not None else library_samplers.modules()
         fresh = [n for n in names if n not in self.marked and n in sys.modules]
         if not fresh:
             return

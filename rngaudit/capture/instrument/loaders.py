@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
+from rngaudit import library_samplers
 from rngaudit.capture.instrument import samplers as instrument_samplers
 from rngaudit.capture.recorder import Recorder
 from rngaudit.epochs import sharding
 
-# (module, class) whose __init__ registers the new loader with the recorder.
-LOADER_CLASSES = (
-    ("torch.utils.data.dataloader", "DataLoader"),
-    ("torchdata.stateful_dataloader.stateful_dataloader", "StatefulDataLoader"),
-)
-
 
 def install(rec: Recorder) -> None:
-    """Wrap the ``__init__`` of the loader classes that are imported."""
-    for module_name, cls_name in LOADER_CLASSES:
-        cls = getattr(sys.modules.get(module_name), cls_name, None)
+    """Wrap the ``__init__`` of the known loader classes that are imported: each registers
+    the loader it builds with the recorder."""
+    for known in library_samplers.of_kind(library_samplers.LOADER):
+        cls = library_samplers.loaded(known)
         if cls is None or "__init__" not in cls.__dict__:
             continue
         if rec.patches.replaced(cls, "__init__"):

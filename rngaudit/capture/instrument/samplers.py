@@ -6,52 +6,19 @@ import sys
 from types import CodeType
 from typing import Any
 
+from rngaudit import library_samplers
 from rngaudit.capture.callsite import MARKED_CODES
-from rngaudit.capture.recorder import ROLE_ITERATION, ROLE_LOADER, ROLE_SAMPLER
+from rngaudit.capture.recorder import ROLE_SAMPLER
 
-# module -> (role, class names, method names)
-KNOWN: dict[str, list[tuple[str, tuple[str, ...], tuple[str, ...]]]] = {
-    "torch.utils.data.sampler": [
-        (
-            ROLE_SAMPLER,
-            ("RandomSampler", "SubsetRandomSampler", "WeightedRandomSampler", "BatchSampler"),
-            ("__iter__", "__next__"),
-        )
-    ],
-    "torch.utils.data.distributed": [(ROLE_SAMPLER, ("DistributedSampler",), ("__iter__",))],
-    "torch.utils.data.dataloader": [
-        (ROLE_LOADER, ("DataLoader",), ("_get_iterator",)),
-        (ROLE_ITERATION, ("DataLoader",), ("__iter__",)),
-        (ROLE_ITERATION, ("_BaseDataLoaderIter",), ("__next__",)),
-    ],
-    "torchdata.stateful_dataloader.sampler": [
-        (
-            ROLE_SAMPLER,
-            (
-                "RandomSampler",
-                "_StatefulRandomSamplerIterator",
-                "BatchSampler",
-                "_BatchSamplerIterator",
-                "StatefulDistributedSampler",
-            ),
-            ("__init__", "__iter__", "__next__"),
-        )
-    ],
-    "torchdata.stateful_dataloader.stateful_dataloader": [
-        (ROLE_LOADER, ("StatefulDataLoader",), ("_get_iterator", "state_dict")),
-        (ROLE_ITERATION, ("StatefulDataLoader",), ("__iter__",)),
-        (ROLE_ITERATION, ("_StatefulBaseDataLoaderIter",), ("__next__",)),
-    ],
-    "accelerate.data_loader": [
-        (
-            ROLE_SAMPLER,
-            ("SeedableRandomSampler", "BatchSamplerShard", "SkipBatchSampler"),
-            ("__iter__", "_iter_with_split", "_iter_with_no_split"),
-        ),
-        (ROLE_SAMPLER, ("IterableDatasetShard",), ("__iter__",)),
-        (ROLE_ITERATION, ("DataLoaderShard", "DataLoaderDispatcher"), ("__iter__",)),
-    ],
-}
+
+def known(module_name: str) -> list[tuple[str, str, tuple[str, ...]]]:
+    """(role, class name, method names) for the known classes of a module, from the table."""
+    return [
+        (role, k.name, methods)
+        for k in library_samplers.TABLE
+        if k.module == module_name
+        for role, methods in k.marks
+    ]
 
 
 def _code(cls: Any, method: str) -> CodeType | None:
@@ -67,16 +34,15 @@ def mark_module(module_name: str) -> list[CodeType]:
     if module is None:
         return []
     marked: list[CodeType] = []
-    for role, classes, methods in KNOWN.get(module_name, []):
-        for cls_name in classes:
-            cls = getattr(module, cls_name, None)
-            if cls is None:
-                continue
-            for method in methods:
-                code = _code(cls, method)
-                if code is not None and code not in MARKED_CODES:
-                    MARKED_CODES[code] = role
-                    marked.append(code)
+    for role, cls_name, methods in known(module_name):
+        cls = getattr(module, cls_name, None)
+        if cls is None:
+            continue
+        for method in methods:
+            code = _code(cls, method)
+            if code is not None and code not in MARKED_CODES:
+                MARKED_CODES[code] = role
+                marked.append(code)
     return marked
 
 
