@@ -26,14 +26,14 @@ from torch.utils.data import DataLoader
 from rngaudit.errors import ConfigError, RNGAuditWarning, WorkerDuplicateStreamError
 from rngaudit.findings import PERSISTENT_WORKER_STREAM, WORKER_DUPLICATE_STREAM, Finding
 from rngaudit.workers.monitor import WorkerMonitor, analyse
-from rngaudit.workers.probe import (
+from rngaudit.workers.probe import WorkerProbe
+from rngaudit.workers.walk import (
     MAX_ITEMS,
     NUMPY_GENERATOR,
     NUMPY_RANDOMSTATE,
     PY_RANDOM,
     TORCH_GENERATOR,
     GeneratorRef,
-    WorkerProbe,
     find_generators,
     fingerprint,
 )

@@ -13,7 +13,8 @@ from rngaudit.capture import callsite, naming
 from rngaudit.capture.patching import PatchSet
 from rngaudit.capture.recorder import GenInfo, Recorder
 from rngaudit.schema import CREATE, DRAW
-from rngaudit.workers import probe
+from rngaudit.workers import walk, worker_files
+from rngaudit.workers.worker_files import DRAW_PREFIX
 
 log = logging.getLogger("rngaudit")
 
@@ -26,8 +27,6 @@ MAX_DRAWS = 20_000
 MAX_KEYS = 512
 FPS_PER_KEY = 16
 MAX_CREATED = 256
-
-DRAW_PREFIX = "d"  # the draw report's file: d<worker id>.json (the init report is w<id>.json)
 
 
 class DrawRecorder(Recorder):
@@ -95,7 +94,7 @@ def _site(site: Any) -> dict[str, Any] | None:
     return None if site is None else dict(site.to_dict())
 
 
-_NUMPY_KINDS = (probe.NUMPY_GENERATOR, probe.NUMPY_RANDOMSTATE)
+_NUMPY_KINDS = (walk.NUMPY_GENERATOR, walk.NUMPY_RANDOMSTATE)
 NUMPY_DRAW = "numpy (state change)"  # the op of a numpy draw seen by its state change
 MAX_FOLLOWED = 64  # numpy generators whose state is compared at user-code calls and returns
 
@@ -114,7 +113,7 @@ class StateWatch:
         self.installed = False
 
     def follow(self, obj: Any, name: str, fp: str | None) -> None:
-        if probe.generator_kind(obj) not in _NUMPY_KINDS or len(self.followed) >= MAX_FOLLOWED:
+        if walk.generator_kind(obj) not in _NUMPY_KINDS or len(self.followed) >= MAX_FOLLOWED:
             return
         self.followed.setdefault(_ident(obj), [obj, name, fp if fp is not None else _of(obj)])
 
@@ -226,16 +225,16 @@ class FirstBatch:
             self.finish(instance)
 
     def _roots(self, fetcher: Any) -> list[tuple[str, object]]:
-        d = probe._instance_dict(fetcher) or {}
+        d = walk.instance_dict(fetcher) or {}
         roots = [("dataset", d.get("dataset")), ("collate_fn", d.get("collate_fn"))]
         if "dataset_iter" in d:
             roots.append(("iter(dataset)", d["dataset_iter"]))
         return roots
 
-    def _walk(self, fetcher: Any) -> list[probe.GeneratorRef]:
+    def _walk(self, fetcher: Any) -> list[walk.GeneratorRef]:
         roots = self._roots(fetcher)
         first_path, first = roots[0]
-        return probe.find_generators(first, first_path, more_roots=roots[1:])
+        return walk.find_generators(first, first_path, more_roots=roots[1:])
 
     def _snapshot_before(self, fetcher: Any) -> None:
         try:
@@ -267,7 +266,7 @@ class FirstBatch:
             self.stop()
         except Exception:
             log.debug("rngaudit: could not undo the worker's instrumentation", exc_info=True)
-        probe.write_report(self.report_dir, self.worker_id, report, DRAW_PREFIX)
+        worker_files.write_report(self.report_dir, self.worker_id, report, DRAW_PREFIX)
         rec.names.clear()
 
     def _report(self, fetcher: Any) -> dict[str, Any]:
@@ -284,7 +283,7 @@ class FirstBatch:
                 holder = path_of.get(_ident(obj)) if obj is not None else None
                 if holder is None and not naming.is_explicit(name):
                     holder = name  # a global generator is named by its own name
-                kind = probe.generator_kind(obj) if obj is not None else None
+                kind = walk.generator_kind(obj) if obj is not None else None
                 draws.append(
                     {
                         "generator": name,
@@ -317,7 +316,7 @@ class FirstBatch:
 
     def _states(
         self,
-        after: dict[Any, probe.GeneratorRef],
+        after: dict[Any, walk.GeneratorRef],
         objects: dict[str, Any],
         path_of: dict[Any, str],
     ) -> list[dict[str, Any]]:
@@ -333,7 +332,7 @@ class FirstBatch:
         followed.update((i, entry[0]) for i, entry in created.items())
         states = []
         for ident, obj in followed.items():
-            kind = probe.generator_kind(obj)
+            kind = walk.generator_kind(obj)
             if kind is None:
                 continue
             site = None
@@ -359,7 +358,7 @@ def _ident(obj: Any) -> Any:
     """An object's identity within this process: a ``torch.Generator`` by its C++ generator
     (torch hands kernels a new Python object for the same generator), others by ``id``."""
     cdata = (
-        getattr(obj, "_cdata", None) if probe.generator_kind(obj) == probe.TORCH_GENERATOR else None
+        getattr(obj, "_cdata", None) if walk.generator_kind(obj) == walk.TORCH_GENERATOR else None
     )
     return ("torch", cdata) if isinstance(cdata, int) else id(obj)
 

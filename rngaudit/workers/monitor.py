@@ -25,8 +25,9 @@ from rngaudit.findings import (
 )
 from rngaudit.ranks import exchange, policy
 from rngaudit.workers import evidence
-from rngaudit.workers.draws import DRAW_PREFIX
-from rngaudit.workers.probe import GeneratorRef, WorkerProbe, find_generators, read_reports
+from rngaudit.workers.probe import WorkerProbe
+from rngaudit.workers.walk import GeneratorRef, find_generators
+from rngaudit.workers.worker_files import DRAW_PREFIX, read_reports
 
 TORCHDATA_DATALOADER = library_samplers.row("StatefulDataLoader").module
 
