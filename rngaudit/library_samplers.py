@@ -1,4 +1,4 @@
-"""The library classes rngaudit knows by name (one table), and the sampler-chain name."""
+"""The library classes rngaudit knows by name (one table); the sampler chain: walk, name."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from rngaudit import peek
 
 # What a known class is to the audit (a row's ``kind``).
 SAMPLER = "sampler"  # a library sampler: a chain ending in one is not the user's
@@ -24,6 +26,7 @@ ORDER = "order"  # the index order (a sampler)
 STREAM = "stream"  # an iterable dataset's stream
 
 CHAIN_SEPARATOR = " > "  # the sampler chain's name: class names, outermost first
+MAX_CHAIN = 8  # samplers followed down a chain
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,24 @@ def sharder(obj: Any, shards: str) -> Known | None:
             if cls is not None and isinstance(obj, cls):
                 return known
     return None
+
+
+def chain(root: Any) -> list[Any]:
+    """``root`` and the samplers inside it (``batch_sampler`` / ``sampler``), outermost first.
+
+    No truth value is taken (a ``BatchSampler``'s is its ``len()``, which an unsized sampler
+    raises) and nothing is iterated."""
+    out: list[Any] = []
+    node = root
+    while node is not None and len(out) < MAX_CHAIN and all(node is not c for c in out):
+        out.append(node)
+        node = peek.first_attr(node, "batch_sampler", "sampler")
+    return out
+
+
+def loader_chain(loader: Any) -> list[Any]:
+    """A DataLoader's batch sampler (or sampler) and the samplers inside it, outermost first."""
+    return chain(peek.first_attr(loader, "batch_sampler", "sampler"))
 
 
 def chain_name(nodes: Iterable[Any]) -> str:

@@ -73,12 +73,7 @@ def chain(root: Any) -> list[Any]:
 
     No truth value is taken (a ``BatchSampler``'s is its ``len()``, which an unsized sampler
     raises) and nothing is iterated."""
-    out: list[Any] = []
-    node = root
-    while node is not None and len(out) < _MAX_CHAIN and all(node is not c for c in out):
-        out.append(node)
-        node = peek.first_attr(node, "batch_sampler", "sampler")
-    return out
+    return library_samplers.chain(root)
 
 
 def shard_of(nodes: list[Any]) -> Any:
@@ -106,7 +101,7 @@ def is_shuffling(nodes: list[Any]) -> bool:
 
 def loader_chain(loader: Any) -> list[Any]:
     """A DataLoader's batch sampler (or sampler) and the samplers inside it, outermost first."""
-    return chain(peek.first_attr(loader, "batch_sampler", "sampler"))
+    return library_samplers.loader_chain(loader)
 
 
 def stream_shard(dataset: Any) -> Any:

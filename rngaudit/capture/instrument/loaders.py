@@ -7,7 +7,6 @@ from typing import Any
 from rngaudit import library_samplers
 from rngaudit.capture.instrument import samplers as instrument_samplers
 from rngaudit.capture.recorder import Recorder
-from rngaudit.epochs import sharding
 
 
 def install(rec: Recorder) -> None:
@@ -35,7 +34,7 @@ def _register(rec: Recorder) -> Any:
 
 def mark_chain(rec: Recorder, loader: Any) -> None:
     """Mark the samplers of ``loader`` (a user's own among them) until the window closes."""
-    mark_samplers(rec, sharding.loader_chain(loader))
+    mark_samplers(rec, library_samplers.loader_chain(loader))
 
 
 def mark_samplers(rec: Recorder, samplers: list[Any]) -> None:
