@@ -29,6 +29,7 @@ PEERS = [[0, 1], [2, 3]]  # every scenario's peers: one replica's ranks (the oth
 FRAMEWORK_MESHES = {
     "accelerate_pc": "DeviceMesh ('dp_shard': 2, 'tp': 2)",
     "titan_dims": "DeviceMesh ('dp_shard': 2, 'cp': 2)",
+    "titan_unflatten": "DeviceMesh ('dp': 2, 'cp': 2)",
     "lightning_mp": "DeviceMesh ('data_parallel': 2, 'tensor_parallel': 2)",
 }
 PEERS_DIFFER = {"mesh_default_sampler", "declared_default_sampler"} | {
@@ -41,7 +42,8 @@ INTACT = {
     "mesh_dp_sampler", "mesh_ddp_dp_sampler", "sampler_stated_no_mesh", "hand_dp_broadcast",
     "hand_dp_same_seed", "ddp_rank_seeds", "fsdp2_1d_rank_seeds", "tp_parallelize_rank_seeds",
     "hsdp_same_seed", "fsdp1_hybrid_broadcast", "accelerate_rank_seeds",
-    "accelerate_pc_dp_sampler", "titan_dims_dp_sampler", "lightning_mp_sampler",
+    "accelerate_pc_dp_sampler", "titan_dims_dp_sampler", "titan_unflatten_dp_sampler",
+    "lightning_mp_sampler",
 }  # fmt: skip
 ALL = sorted(PEERS_DIFFER | WEIGHTS_DIFFER | INTACT)
 KIND = dict.fromkeys(PEERS_DIFFER, "peer-batch-divergence")
@@ -200,8 +202,13 @@ def test_the_frameworks_meshes_are_read_as_the_frameworks_build_them(
     runs: dict[str, Any],
 ) -> None:
     """accelerate's ParallelismConfig (flattened dp, dp_shard_cp, dp_cp), torchtitan's
-    ParallelDims (dp_shard_cp and dp_cp flatten the whole world: named neither, they state
-    nothing) and Lightning's ModelParallelStrategy: each finding names that mesh."""
+    ParallelDims both ways (dp_shard_cp and dp_cp flatten the whole world, and its current
+    build unflattens a "world" dim: named neither, they state nothing) and Lightning's
+    ModelParallelStrategy: each finding names that mesh. accelerate's Accelerator built its
+    mesh and then refused the CPU process group (the mesh is the one it built)."""
+    for r in range(NPROC):
+        refused = runs["none"][r]["accelerate_pc_dp_sampler"]["accelerator_refused"]
+        assert "but got DistributedType.MULTI_CPU" in refused
     for how in HOWS:
         for framework, mesh in FRAMEWORK_MESHES.items():
             for r in range(NPROC):

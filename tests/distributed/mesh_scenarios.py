@@ -53,6 +53,7 @@ class Ctx:
     stage: str = "set-up"
     optimizer_steps: int = 0
     groups: list[list[int]] | None = None  # declared to rngaudit (block: groups=; env: variable)
+    notes: dict[str, Any] = field(default_factory=dict)  # what a scenario saw, in its result
 
     def audited(self, body: Callable[[], Any]) -> Any:
         if self.how != "block":
@@ -406,10 +407,17 @@ def _accelerate_pc(ctx: Ctx, by_dp_rank: bool) -> Plan:
     get_device_mesh(device.type) and then refuses a CPU process group: MULTI_CPU is not
     FSDP2 nor Multi{Device}): dims (dp_shard, tp), flattened dp, dp_shard_cp and dp_cp; the
     model parallelized over tp and sharded over dp_shard_cp as its prepare() does."""
+    from accelerate import Accelerator
     from accelerate.parallelism_config import ParallelismConfig
+    from accelerate.state import AcceleratorState
 
     pc = ParallelismConfig(dp_shard_size=2, tp_size=2)
-    mesh = pc.get_device_mesh("cpu")
+    AcceleratorState._reset_state()  # a fresh Accelerator (accelerate_rank_seeds made one)
+    try:  # builds the mesh, then refuses the CPU process group
+        Accelerator(cpu=True, parallelism_config=pc)
+    except ValueError as exc:
+        ctx.notes["accelerator_refused"] = str(exc)
+    mesh = pc.get_device_mesh("cpu")  # the mesh the Accelerator built
     torch.manual_seed(100 + ctx.rank)
     model = _tp_fsdp(mesh, "tp", pc.fsdp_dim_names[0])
     dp = mesh["dp"]
@@ -438,10 +446,8 @@ def accelerate_pc_default_sampler(ctx: Ctx) -> Plan:
 
 @dataclass
 class TitanParallelDims:
-    """torchtitan's ``ParallelDims`` mesh construction (``_build_mesh_without_ep``, its
-    ``build_mesh`` until the 2025 ``_unflatten`` rewrite): every dim above 1 in the order pp,
-    dp_replicate, dp_shard, cp, tp; then "dp" (data loading), "dp_shard_cp" (parameter
-    sharding) and "dp_cp" (loss all-reduce) flattened from it."""
+    """torchtitan's ``ParallelDims`` mesh construction, both ways torchtitan has built it
+    (written from its ``torchtitan/distributed/parallel_dims.py``, pytorch/torchtitan)."""
 
     dp_replicate: int
     dp_shard: int
@@ -450,6 +456,10 @@ class TitanParallelDims:
     pp: int = 1
 
     def build_mesh(self) -> Any:
+        """``_build_mesh_without_ep`` (its ``build_mesh`` until the ``_unflatten`` rewrite):
+        every dim above 1 in the order pp, dp_replicate, dp_shard, cp, tp; then "dp" (data
+        loading), "dp_shard_cp" (parameter sharding) and "dp_cp" (loss all-reduce) flattened
+        from it. Returns the mesh."""
         from torch.distributed.device_mesh import init_device_mesh
 
         dims, names = [], []
@@ -478,18 +488,56 @@ class TitanParallelDims:
                 mesh[tuple(parts)]._flatten(mesh_dim_name=flat)
         return mesh
 
+    def build_mesh_unflatten(self) -> dict[str, Any]:
+        """Its ``build_mesh`` now: a 1-D world mesh, unflattened into a data mesh
+        (dp = dp_replicate x dp_shard, cp, tp: "dp" decides what a rank reads; dp_cp flattened
+        from it for the loss) and a computation mesh (dp_replicate, dp_shard_cp, tp). Returns
+        the data and computation meshes."""
+        from torch.distributed.device_mesh import init_device_mesh
 
-def _titan(ctx: Ctx, by_dp_rank: bool) -> Plan:
+        world = init_device_mesh(
+            "cpu",
+            (self.pp * self.dp_replicate * self.dp_shard * self.cp * self.tp,),
+            mesh_dim_names=("world",),  # torch 2.13 unflattens only a named dim
+        )
+        data = [
+            ("pp", self.pp),
+            ("dp", self.dp_replicate * self.dp_shard),
+            ("cp", self.cp),
+            ("tp", self.tp),
+        ]
+        compute = [
+            ("pp", self.pp), ("dp_replicate", self.dp_replicate),
+            ("dp_shard_cp", self.dp_shard * self.cp if self.dp_shard > 1 else 1), ("tp", self.tp),
+        ]  # fmt: skip
+        meshes = {}
+        for key, dims in (("data", data), ("compute", compute)):
+            kept = [(n, d) for n, d in dims if d > 1]
+            meshes[key] = world._unflatten(
+                0, tuple(d for _, d in kept), tuple(n for n, _ in kept)
+            )  # fmt: skip
+        cp = ("dp", "cp") if self.cp > 1 else ("dp",)
+        meshes["data"][cp]._flatten(mesh_dim_name="dp_cp")
+        meshes["world"] = world
+        return meshes
+
+
+def _titan(ctx: Ctx, by_dp_rank: bool, unflatten: bool = False) -> Plan:
     """A torchtitan-style (dp_shard 2, cp 2) mesh: dp_shard_cp and dp_cp flatten the whole
     world; the model sharded over dp_shard_cp (context-parallel peers shard the sequence
     inside the step, fed the same batch)."""
     from torch.distributed.fsdp import fully_shard
 
-    mesh = TitanParallelDims(dp_replicate=1, dp_shard=2, cp=2, tp=1).build_mesh()
+    dims = TitanParallelDims(dp_replicate=1, dp_shard=2, cp=2, tp=1)
+    if unflatten:
+        meshes = dims.build_mesh_unflatten()
+        shard, dp, keep = meshes["compute"]["dp_shard_cp"], meshes["data"]["dp"], [meshes]
+    else:
+        mesh = dims.build_mesh()
+        shard, dp, keep = mesh["dp_shard_cp"], mesh["dp"], [mesh]
     torch.manual_seed(100 + ctx.rank)
     model = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Linear(8, 1))
-    fully_shard(model, mesh=mesh["dp_shard_cp"])
-    dp = mesh["dp"]
+    fully_shard(model, mesh=shard)
     sampler: DistributedSampler[int] = (
         DistributedSampler(
             Items(), num_replicas=dp.size(), rank=dp.get_local_rank(), shuffle=True, seed=0
@@ -498,7 +546,7 @@ def _titan(ctx: Ctx, by_dp_rank: bool) -> Plan:
         else DistributedSampler(Items(), shuffle=True, seed=0)
     )
     return Plan(
-        _loader(ctx, sampler), sampler, _wrapped_step(ctx, model), model, keep=[mesh]
+        _loader(ctx, sampler), sampler, _wrapped_step(ctx, model), model, keep=keep
     )  # fmt: skip
 
 
@@ -510,6 +558,17 @@ def titan_dims_dp_sampler(ctx: Ctx) -> Plan:
 def titan_dims_default_sampler(ctx: Ctx) -> Plan:
     """The same fed by DistributedSampler's defaults: cp peers take different batches."""
     return _titan(ctx, by_dp_rank=False)
+
+
+def titan_unflatten_dp_sampler(ctx: Ctx) -> Plan:
+    """torchtitan's current ParallelDims (meshes unflattened from the world), fed by the
+    data mesh's dp rank (intact)."""
+    return _titan(ctx, by_dp_rank=True, unflatten=True)
+
+
+def titan_unflatten_default_sampler(ctx: Ctx) -> Plan:
+    """The same fed by DistributedSampler's defaults: cp peers take different batches."""
+    return _titan(ctx, by_dp_rank=False, unflatten=True)
 
 
 def _lightning(ctx: Ctx, own_sampler: bool) -> Plan:
@@ -611,6 +670,8 @@ SCENARIOS: dict[str, Callable[[Ctx], Plan]] = {
     "accelerate_pc_default_sampler": accelerate_pc_default_sampler,
     "titan_dims_dp_sampler": titan_dims_dp_sampler,
     "titan_dims_default_sampler": titan_dims_default_sampler,
+    "titan_unflatten_dp_sampler": titan_unflatten_dp_sampler,
+    "titan_unflatten_default_sampler": titan_unflatten_default_sampler,
     "lightning_mp_sampler": lightning_mp_sampler,
     "lightning_mp_default_sampler": lightning_mp_default_sampler,
     # last: a declaration holds for the rest of the process
@@ -661,6 +722,7 @@ def run_one(name: str, ctx: Ctx) -> dict[str, Any]:
             kinds=sorted({f.kind for f in report.findings}) if report is not None else [],
         )
     out["optimizer_steps"] = ctx.optimizer_steps
+    out.update(ctx.notes)
     if plan is not None and "weights" not in out:
         out["weights"] = _digest(plan.model)
     return out
