@@ -37,13 +37,14 @@ PEERS_DIFFER = {"mesh_default_sampler", "declared_default_sampler"} | {
 }
 WEIGHTS_DIFFER = {
     "hand_dp_rank_seeds", "fsdp1_no_shard_rank_seeds", "hsdp_rank_seeds", "fsdp1_hybrid_rank_seeds",
+    "accelerate_pc_hsdp_rank_seeds",
 }  # fmt: skip
 INTACT = {
     "mesh_dp_sampler", "mesh_ddp_dp_sampler", "sampler_stated_no_mesh", "hand_dp_broadcast",
     "hand_dp_same_seed", "ddp_rank_seeds", "fsdp2_1d_rank_seeds", "tp_parallelize_rank_seeds",
     "hsdp_same_seed", "fsdp1_hybrid_broadcast", "accelerate_rank_seeds",
     "accelerate_pc_dp_sampler", "titan_dims_dp_sampler", "titan_unflatten_dp_sampler",
-    "lightning_mp_sampler",
+    "lightning_mp_sampler", "titan_unflatten_hsdp_same_seed",
 }  # fmt: skip
 ALL = sorted(PEERS_DIFFER | WEIGHTS_DIFFER | INTACT)
 KIND = dict.fromkeys(PEERS_DIFFER, "peer-batch-divergence")
@@ -60,14 +61,17 @@ REPLICATE = {
     "hsdp_rank_seeds": DP, "hsdp_same_seed": DP, "fsdp1_hybrid_rank_seeds": DP,
     "fsdp1_hybrid_broadcast": DP, "accelerate_rank_seeds": WORLD,
 }  # fmt: skip
-# the frameworks' meshes shard the model over their data-parallel dim: no replicas
+# the frameworks' (dp, tp / cp) meshes shard the model over their data-parallel dim: no
+# replicas; their HSDP meshes replicate over dp_replicate
 REPLICATE.update({name: [] for name in ALL if name.startswith(tuple(FRAMEWORK_MESHES))})
+REPLICATE.update(accelerate_pc_hsdp_rank_seeds=DP, titan_unflatten_hsdp_same_seed=DP)
 # batches: the peers of one replica (none where the world is data-parallel)
 PEER_GROUPS = dict.fromkeys(ALL, PEERS)
 WORLD_DATA_PARALLEL = [  # the world is one data-parallel group: no peers
     "fsdp1_no_shard_rank_seeds", "ddp_rank_seeds", "hand_dp_rank_seeds", "hand_dp_broadcast",
     "hand_dp_same_seed", "fsdp2_1d_rank_seeds", "hsdp_rank_seeds", "hsdp_same_seed",
     "fsdp1_hybrid_rank_seeds", "fsdp1_hybrid_broadcast", "accelerate_rank_seeds",
+    "accelerate_pc_hsdp_rank_seeds", "titan_unflatten_hsdp_same_seed",
 ]  # fmt: skip
 PEER_GROUPS.update({name: [] for name in WORLD_DATA_PARALLEL})
 PEER_GROUPS["tp_parallelize_rank_seeds"] = WORLD
@@ -188,6 +192,9 @@ def test_weights_finding_names_the_group_and_under_rngaudit_the_init_line(
         hsdp = runs[how][0]["hsdp_rank_seeds"]["message"]
         assert "The replicas of ranks 0, 2 hold different weights" in hsdp
         assert "a DTensor placed Replicate() on mesh dim 0" in hsdp
+        accelerate = runs[how][0]["accelerate_pc_hsdp_rank_seeds"]["message"]
+        assert "The replicas of ranks 0, 2 hold different weights" in accelerate
+        assert "a DTensor placed Replicate() on mesh dim 0" in accelerate
         hybrid = runs[how][1]["fsdp1_hybrid_rank_seeds"]["message"]
         assert "The replicas of ranks 1, 3 hold different weights" in hybrid
         assert "FullyShardedDataParallel(HYBRID_SHARD)" in hybrid

@@ -444,6 +444,24 @@ def accelerate_pc_default_sampler(ctx: Ctx) -> Plan:
     return _accelerate_pc(ctx, by_dp_rank=False)
 
 
+def accelerate_pc_hsdp_rank_seeds(ctx: Ctx) -> Plan:
+    """HSDP on accelerate's ParallelismConfig(dp_replicate_size=2, dp_shard_size=2) mesh, as
+    its prepare() shards (fully_shard over ("dp_replicate", "dp_shard_cp")), per-rank seeds,
+    no broadcast: each replica's shards come from different initialisations."""
+    from accelerate.parallelism_config import ParallelismConfig
+    from torch.distributed.fsdp import fully_shard
+
+    pc = ParallelismConfig(dp_replicate_size=2, dp_shard_size=2)
+    mesh = pc.get_device_mesh("cpu")
+    torch.manual_seed(100 + ctx.rank)
+    model = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Linear(8, 1))
+    fully_shard(model, mesh=mesh[tuple(pc.fsdp_dim_names)])
+    sampler = _world_sampler()
+    return Plan(
+        _loader(ctx, sampler), sampler, _wrapped_step(ctx, model), model, keep=[mesh, pc]
+    )  # fmt: skip
+
+
 @dataclass
 class TitanParallelDims:
     """torchtitan's ``ParallelDims`` mesh construction, both ways torchtitan has built it
@@ -571,6 +589,21 @@ def titan_unflatten_default_sampler(ctx: Ctx) -> Plan:
     return _titan(ctx, by_dp_rank=False, unflatten=True)
 
 
+def titan_unflatten_hsdp_same_seed(ctx: Ctx) -> Plan:
+    """HSDP on torchtitan's current ParallelDims(dp_replicate=2, dp_shard=2) computation mesh
+    (dp_replicate, dp_shard_cp), one seed on every rank (intact)."""
+    from torch.distributed.fsdp import fully_shard
+
+    meshes = TitanParallelDims(dp_replicate=2, dp_shard=2, cp=1, tp=1).build_mesh_unflatten()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Linear(8, 1))
+    fully_shard(model, mesh=meshes["compute"])
+    sampler = _world_sampler()
+    return Plan(
+        _loader(ctx, sampler), sampler, _wrapped_step(ctx, model), model, keep=[meshes]
+    )  # fmt: skip
+
+
 def _lightning(ctx: Ctx, own_sampler: bool) -> Plan:
     """Lightning 2.6's ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=2) on
     CPU / gloo: Trainer.fit builds its (data_parallel, tensor_parallel) mesh; the module is
@@ -672,6 +705,8 @@ SCENARIOS: dict[str, Callable[[Ctx], Plan]] = {
     "titan_dims_default_sampler": titan_dims_default_sampler,
     "titan_unflatten_dp_sampler": titan_unflatten_dp_sampler,
     "titan_unflatten_default_sampler": titan_unflatten_default_sampler,
+    "accelerate_pc_hsdp_rank_seeds": accelerate_pc_hsdp_rank_seeds,
+    "titan_unflatten_hsdp_same_seed": titan_unflatten_hsdp_same_seed,
     "lightning_mp_sampler": lightning_mp_sampler,
     "lightning_mp_default_sampler": lightning_mp_default_sampler,
     # last: a declaration holds for the rest of the process
