@@ -2,7 +2,8 @@
 
 Three torchrun launches (world 4, gloo) run every set-up in tests/distributed/mesh_scenarios.py:
 without rngaudit (the truth), with ``rngaudit.audit()`` around the set-up, and under
-``RNGAUDIT=1``.
+``RNGAUDIT=1``. Among them the meshes the frameworks build: accelerate's ``ParallelismConfig``,
+a torchtitan-style ``ParallelDims`` and Lightning's ``ModelParallelStrategy`` (its Trainer.fit).
 """
 
 from __future__ import annotations
@@ -24,14 +25,26 @@ NPROC = 4
 PEERS = [[0, 1], [2, 3]]  # every scenario's peers: one replica's ranks (the others: replicas)
 
 # Stated here, independently of the scenario script; the truth test checks each claim.
-PEERS_DIFFER = {"mesh_default_sampler", "declared_default_sampler"}
+# the frameworks' meshes: (mesh-built scenario, its twin fed by DistributedSampler's defaults)
+FRAMEWORK_MESHES = {
+    "accelerate_pc": "DeviceMesh ('dp_shard': 2, 'tp': 2)",
+    "titan_dims": "DeviceMesh ('dp_shard': 2, 'cp': 2)",
+    "titan_unflatten": "DeviceMesh ('dp': 2, 'cp': 2)",
+    "lightning_mp": "DeviceMesh ('data_parallel': 2, 'tensor_parallel': 2)",
+}
+PEERS_DIFFER = {"mesh_default_sampler", "declared_default_sampler"} | {
+    f"{f}_default_sampler" for f in FRAMEWORK_MESHES
+}
 WEIGHTS_DIFFER = {
     "hand_dp_rank_seeds", "fsdp1_no_shard_rank_seeds", "hsdp_rank_seeds", "fsdp1_hybrid_rank_seeds",
+    "accelerate_pc_hsdp_rank_seeds",
 }  # fmt: skip
 INTACT = {
     "mesh_dp_sampler", "mesh_ddp_dp_sampler", "sampler_stated_no_mesh", "hand_dp_broadcast",
     "hand_dp_same_seed", "ddp_rank_seeds", "fsdp2_1d_rank_seeds", "tp_parallelize_rank_seeds",
     "hsdp_same_seed", "fsdp1_hybrid_broadcast", "accelerate_rank_seeds",
+    "accelerate_pc_dp_sampler", "titan_dims_dp_sampler", "titan_unflatten_dp_sampler",
+    "lightning_mp_sampler", "titan_unflatten_hsdp_same_seed",
 }  # fmt: skip
 ALL = sorted(PEERS_DIFFER | WEIGHTS_DIFFER | INTACT)
 KIND = dict.fromkeys(PEERS_DIFFER, "peer-batch-divergence")
@@ -48,12 +61,17 @@ REPLICATE = {
     "hsdp_rank_seeds": DP, "hsdp_same_seed": DP, "fsdp1_hybrid_rank_seeds": DP,
     "fsdp1_hybrid_broadcast": DP, "accelerate_rank_seeds": WORLD,
 }  # fmt: skip
+# the frameworks' (dp, tp / cp) meshes shard the model over their data-parallel dim: no
+# replicas; their HSDP meshes replicate over dp_replicate
+REPLICATE.update({name: [] for name in ALL if name.startswith(tuple(FRAMEWORK_MESHES))})
+REPLICATE.update(accelerate_pc_hsdp_rank_seeds=DP, titan_unflatten_hsdp_same_seed=DP)
 # batches: the peers of one replica (none where the world is data-parallel)
 PEER_GROUPS = dict.fromkeys(ALL, PEERS)
 WORLD_DATA_PARALLEL = [  # the world is one data-parallel group: no peers
     "fsdp1_no_shard_rank_seeds", "ddp_rank_seeds", "hand_dp_rank_seeds", "hand_dp_broadcast",
     "hand_dp_same_seed", "fsdp2_1d_rank_seeds", "hsdp_rank_seeds", "hsdp_same_seed",
     "fsdp1_hybrid_rank_seeds", "fsdp1_hybrid_broadcast", "accelerate_rank_seeds",
+    "accelerate_pc_hsdp_rank_seeds", "titan_unflatten_hsdp_same_seed",
 ]  # fmt: skip
 PEER_GROUPS.update({name: [] for name in WORLD_DATA_PARALLEL})
 PEER_GROUPS["tp_parallelize_rank_seeds"] = WORLD
@@ -174,6 +192,9 @@ def test_weights_finding_names_the_group_and_under_rngaudit_the_init_line(
         hsdp = runs[how][0]["hsdp_rank_seeds"]["message"]
         assert "The replicas of ranks 0, 2 hold different weights" in hsdp
         assert "a DTensor placed Replicate() on mesh dim 0" in hsdp
+        accelerate = runs[how][0]["accelerate_pc_hsdp_rank_seeds"]["message"]
+        assert "The replicas of ranks 0, 2 hold different weights" in accelerate
+        assert "a DTensor placed Replicate() on mesh dim 0" in accelerate
         hybrid = runs[how][1]["fsdp1_hybrid_rank_seeds"]["message"]
         assert "The replicas of ranks 1, 3 hold different weights" in hybrid
         assert "FullyShardedDataParallel(HYBRID_SHARD)" in hybrid
@@ -182,6 +203,24 @@ def test_weights_finding_names_the_group_and_under_rngaudit_the_init_line(
     assert "mesh_scenarios.py:" in env and "(_hand_dp), whose draws came from" in env
     block = runs["block"][0]["hand_dp_rank_seeds"]["message"]
     assert "its lines are not named" in block
+
+
+def test_the_frameworks_meshes_are_read_as_the_frameworks_build_them(
+    runs: dict[str, Any],
+) -> None:
+    """accelerate's ParallelismConfig (flattened dp, dp_shard_cp, dp_cp), torchtitan's
+    ParallelDims both ways (dp_shard_cp and dp_cp flatten the whole world, and its current
+    build unflattens a "world" dim: named neither, they state nothing) and Lightning's
+    ModelParallelStrategy: each finding names that mesh. accelerate's Accelerator built its
+    mesh and then refused the CPU process group (the mesh is the one it built)."""
+    for r in range(NPROC):
+        refused = runs["none"][r]["accelerate_pc_dp_sampler"]["accelerator_refused"]
+        assert "but got DistributedType.MULTI_CPU" in refused
+    for how in HOWS:
+        for framework, mesh in FRAMEWORK_MESHES.items():
+            for r in range(NPROC):
+                message = runs[how][r][f"{framework}_default_sampler"]["message"]
+                assert f"ranks 0, 1; 2, 3 must train on the same batch (the {mesh}" in message
 
 
 # --------------------------------------------------------------------------- the layout alone

@@ -53,6 +53,7 @@ class Ctx:
     stage: str = "set-up"
     optimizer_steps: int = 0
     groups: list[list[int]] | None = None  # declared to rngaudit (block: groups=; env: variable)
+    notes: dict[str, Any] = field(default_factory=dict)  # what a scenario saw, in its result
 
     def audited(self, body: Callable[[], Any]) -> Any:
         if self.how != "block":
@@ -73,6 +74,9 @@ class Plan:
     model: Any  # what the first optimizer step's parameters are read from (the truth)
     epochs: int = 2
     keep: list[Any] = field(default_factory=list)
+    # a framework's own loop in place of the loader loop: fills the result's batches and
+    # weights, counts ctx.optimizer_steps
+    fit: Callable[[dict[str, Any]], None] | None = None
 
 
 def _mesh() -> Any:
@@ -379,6 +383,301 @@ def fsdp1_hybrid_broadcast(ctx: Ctx) -> Plan:
     return _fsdp1_hybrid(ctx, broadcast=True)
 
 
+# --------------------------------------------------------------------------- framework meshes
+
+
+def _tp_fsdp(mesh: Any, tp: str, shard: str) -> Any:
+    """A model parallelized over the ``tp`` dim and FSDP2-sharded over ``shard``, as the
+    frameworks do it (per-rank init seeds: distributed from each tp group's first rank)."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    model = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Linear(8, 1))
+    parallelize_module(model, mesh[tp], {"0": ColwiseParallel(), "1": RowwiseParallel()})
+    fully_shard(model, mesh=mesh[shard])
+    return model
+
+
+def _accelerate_pc(ctx: Ctx, by_dp_rank: bool) -> Plan:
+    """The mesh accelerate 1.15's ParallelismConfig builds (Accelerator.__init__ calls
+    get_device_mesh(device.type) and then refuses a CPU process group: MULTI_CPU is not
+    FSDP2 nor Multi{Device}): dims (dp_shard, tp), flattened dp, dp_shard_cp and dp_cp; the
+    model parallelized over tp and sharded over dp_shard_cp as its prepare() does."""
+    from accelerate import Accelerator
+    from accelerate.parallelism_config import ParallelismConfig
+    from accelerate.state import AcceleratorState
+
+    pc = ParallelismConfig(dp_shard_size=2, tp_size=2)
+    AcceleratorState._reset_state()  # a fresh Accelerator (accelerate_rank_seeds made one)
+    try:  # builds the mesh, then refuses the CPU process group
+        Accelerator(cpu=True, parallelism_config=pc)
+    except ValueError as exc:
+        ctx.notes["accelerator_refused"] = str(exc)
+    mesh = pc.get_device_mesh("cpu")  # the mesh the Accelerator built
+    torch.manual_seed(100 + ctx.rank)
+    model = _tp_fsdp(mesh, "tp", pc.fsdp_dim_names[0])
+    dp = mesh["dp"]
+    sampler: DistributedSampler[int] = (
+        DistributedSampler(
+            Items(), num_replicas=dp.size(), rank=dp.get_local_rank(), shuffle=True, seed=0
+        )
+        if by_dp_rank
+        else DistributedSampler(Items(), shuffle=True, seed=0)
+    )
+    return Plan(
+        _loader(ctx, sampler), sampler, _wrapped_step(ctx, model), model, keep=[mesh, pc]
+    )  # fmt: skip
+
+
+def accelerate_pc_dp_sampler(ctx: Ctx) -> Plan:
+    """accelerate's ParallelismConfig(dp_shard_size=2, tp_size=2) mesh, fed by the dp rank
+    (intact)."""
+    return _accelerate_pc(ctx, by_dp_rank=True)
+
+
+def accelerate_pc_default_sampler(ctx: Ctx) -> Plan:
+    """The same fed by DistributedSampler's defaults: tp peers take different batches."""
+    return _accelerate_pc(ctx, by_dp_rank=False)
+
+
+def accelerate_pc_hsdp_rank_seeds(ctx: Ctx) -> Plan:
+    """HSDP on accelerate's ParallelismConfig(dp_replicate_size=2, dp_shard_size=2) mesh, as
+    its prepare() shards (fully_shard over ("dp_replicate", "dp_shard_cp")), per-rank seeds,
+    no broadcast: each replica's shards come from different initialisations."""
+    from accelerate.parallelism_config import ParallelismConfig
+    from torch.distributed.fsdp import fully_shard
+
+    pc = ParallelismConfig(dp_replicate_size=2, dp_shard_size=2)
+    mesh = pc.get_device_mesh("cpu")
+    torch.manual_seed(100 + ctx.rank)
+    model = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Linear(8, 1))
+    fully_shard(model, mesh=mesh[tuple(pc.fsdp_dim_names)])
+    sampler = _world_sampler()
+    return Plan(
+        _loader(ctx, sampler), sampler, _wrapped_step(ctx, model), model, keep=[mesh, pc]
+    )  # fmt: skip
+
+
+@dataclass
+class TitanParallelDims:
+    """torchtitan's ``ParallelDims`` mesh construction, both ways torchtitan has built it
+    (written from its ``torchtitan/distributed/parallel_dims.py``, pytorch/torchtitan)."""
+
+    dp_replicate: int
+    dp_shard: int
+    cp: int
+    tp: int
+    pp: int = 1
+
+    def build_mesh(self) -> Any:
+        """``_build_mesh_without_ep`` (its ``build_mesh`` until the ``_unflatten`` rewrite):
+        every dim above 1 in the order pp, dp_replicate, dp_shard, cp, tp; then "dp" (data
+        loading), "dp_shard_cp" (parameter sharding) and "dp_cp" (loss all-reduce) flattened
+        from it. Returns the mesh."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        dims, names = [], []
+        for d, name in zip(
+            [self.pp, self.dp_replicate, self.dp_shard, self.cp, self.tp],
+            ["pp", "dp_replicate", "dp_shard", "cp", "tp"],
+            strict=True,
+        ):
+            if d > 1:
+                dims.append(d)
+                names.append(name)
+        mesh = init_device_mesh("cpu", tuple(dims), mesh_dim_names=tuple(names))
+        dp, dp_shard_cp, dp_cp = [], [], []
+        if self.dp_replicate > 1:
+            dp.append("dp_replicate")
+            dp_cp.append("dp_replicate")
+        if self.dp_shard > 1:
+            dp.append("dp_shard")
+            dp_shard_cp.append("dp_shard")
+            dp_cp.append("dp_shard")
+        if self.cp > 1:
+            dp_shard_cp.append("cp")
+            dp_cp.append("cp")
+        for flat, parts in (("dp", dp), ("dp_shard_cp", dp_shard_cp), ("dp_cp", dp_cp)):
+            if parts:
+                mesh[tuple(parts)]._flatten(mesh_dim_name=flat)
+        return mesh
+
+    def build_mesh_unflatten(self) -> dict[str, Any]:
+        """Its ``build_mesh`` now: a 1-D world mesh, unflattened into a data mesh
+        (dp = dp_replicate x dp_shard, cp, tp: "dp" decides what a rank reads; dp_cp flattened
+        from it for the loss) and a computation mesh (dp_replicate, dp_shard_cp, tp). Returns
+        the data and computation meshes."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        world = init_device_mesh(
+            "cpu",
+            (self.pp * self.dp_replicate * self.dp_shard * self.cp * self.tp,),
+            mesh_dim_names=("world",),  # torch 2.13 unflattens only a named dim
+        )
+        data = [
+            ("pp", self.pp),
+            ("dp", self.dp_replicate * self.dp_shard),
+            ("cp", self.cp),
+            ("tp", self.tp),
+        ]
+        compute = [
+            ("pp", self.pp), ("dp_replicate", self.dp_replicate),
+            ("dp_shard_cp", self.dp_shard * self.cp if self.dp_shard > 1 else 1), ("tp", self.tp),
+        ]  # fmt: skip
+        meshes = {}
+        for key, dims in (("data", data), ("compute", compute)):
+            kept = [(n, d) for n, d in dims if d > 1]
+            meshes[key] = world._unflatten(
+                0, tuple(d for _, d in kept), tuple(n for n, _ in kept)
+            )  # fmt: skip
+        cp = ("dp", "cp") if self.cp > 1 else ("dp",)
+        meshes["data"][cp]._flatten(mesh_dim_name="dp_cp")
+        meshes["world"] = world
+        return meshes
+
+
+def _titan(ctx: Ctx, by_dp_rank: bool, unflatten: bool = False) -> Plan:
+    """A torchtitan-style (dp_shard 2, cp 2) mesh: dp_shard_cp and dp_cp flatten the whole
+    world; the model sharded over dp_shard_cp (context-parallel peers shard the sequence
+    inside the step, fed the same batch)."""
+    from torch.distributed.fsdp import fully_shard
+
+    dims = TitanParallelDims(dp_replicate=1, dp_shard=2, cp=2, tp=1)
+    if unflatten:
+        meshes = dims.build_mesh_unflatten()
+        shard, dp, keep = meshes["compute"]["dp_shard_cp"], meshes["data"]["dp"], [meshes]
+    else:
+        mesh = dims.build_mesh()
+        shard, dp, keep = mesh["dp_shard_cp"], mesh["dp"], [mesh]
+    torch.manual_seed(100 + ctx.rank)
+    model = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Linear(8, 1))
+    fully_shard(model, mesh=shard)
+    sampler: DistributedSampler[int] = (
+        DistributedSampler(
+            Items(), num_replicas=dp.size(), rank=dp.get_local_rank(), shuffle=True, seed=0
+        )
+        if by_dp_rank
+        else DistributedSampler(Items(), shuffle=True, seed=0)
+    )
+    return Plan(
+        _loader(ctx, sampler), sampler, _wrapped_step(ctx, model), model, keep=keep
+    )  # fmt: skip
+
+
+def titan_dims_dp_sampler(ctx: Ctx) -> Plan:
+    """torchtitan-style ParallelDims(dp_shard=2, cp=2), fed by the dp rank (intact)."""
+    return _titan(ctx, by_dp_rank=True)
+
+
+def titan_dims_default_sampler(ctx: Ctx) -> Plan:
+    """The same fed by DistributedSampler's defaults: cp peers take different batches."""
+    return _titan(ctx, by_dp_rank=False)
+
+
+def titan_unflatten_dp_sampler(ctx: Ctx) -> Plan:
+    """torchtitan's current ParallelDims (meshes unflattened from the world), fed by the
+    data mesh's dp rank (intact)."""
+    return _titan(ctx, by_dp_rank=True, unflatten=True)
+
+
+def titan_unflatten_default_sampler(ctx: Ctx) -> Plan:
+    """The same fed by DistributedSampler's defaults: cp peers take different batches."""
+    return _titan(ctx, by_dp_rank=False, unflatten=True)
+
+
+def titan_unflatten_hsdp_same_seed(ctx: Ctx) -> Plan:
+    """HSDP on torchtitan's current ParallelDims(dp_replicate=2, dp_shard=2) computation mesh
+    (dp_replicate, dp_shard_cp), one seed on every rank (intact)."""
+    from torch.distributed.fsdp import fully_shard
+
+    meshes = TitanParallelDims(dp_replicate=2, dp_shard=2, cp=1, tp=1).build_mesh_unflatten()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Linear(8, 1))
+    fully_shard(model, mesh=meshes["compute"])
+    sampler = _world_sampler()
+    return Plan(
+        _loader(ctx, sampler), sampler, _wrapped_step(ctx, model), model, keep=[meshes]
+    )  # fmt: skip
+
+
+def _lightning(ctx: Ctx, own_sampler: bool) -> Plan:
+    """Lightning 2.6's ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=2) on
+    CPU / gloo: Trainer.fit builds its (data_parallel, tensor_parallel) mesh; the module is
+    parallelized and sharded in configure_model."""
+    import pytorch_lightning as pl
+    from pytorch_lightning.strategies import ModelParallelStrategy
+
+    result: dict[str, Any] = {}
+
+    class Module(pl.LightningModule):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Linear(8, 1))
+
+        def configure_model(self) -> None:
+            self.net = _tp_fsdp(self.device_mesh, "tensor_parallel", "data_parallel")
+
+        def on_train_epoch_start(self) -> None:
+            ctx.stage = f"epoch {self.current_epoch}"
+            result["batches"].append([])
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            if not ctx.optimizer_steps and "weights" not in result:
+                result["weights"] = _digest(self)
+            result["batches"][-1].append([int(i) for i in batch.tolist()])
+            ctx.stage = "forward"
+            return self.net(batch.float().view(-1, 1)).sum()
+
+        def on_before_optimizer_step(self, optimizer: Any) -> None:
+            ctx.stage = "optimizer"
+
+        def on_train_batch_end(self, *args: Any) -> None:
+            ctx.optimizer_steps += 1
+            ctx.stage = "loop"
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+        def train_dataloader(self) -> Any:
+            if own_sampler:  # the classic mistake: sharded over the world
+                sampler: DistributedSampler[int] = DistributedSampler(Items(), shuffle=True, seed=0)
+                return DataLoader(Items(), batch_size=2, sampler=sampler)
+            return DataLoader(Items(), batch_size=2, shuffle=True)
+
+    torch.manual_seed(100 + ctx.rank)
+    module = Module()
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=ctx.world, max_epochs=2,
+        strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=2),
+        use_distributed_sampler=not own_sampler, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+
+    def fit(out: dict[str, Any]) -> None:
+        result.update(out)
+        try:
+            ctx.audited(lambda: trainer.fit(module))  # the block wraps the whole fit
+        finally:
+            out.update(result)
+
+    return Plan(None, None, lambda batch: None, module, fit=fit)
+
+
+def lightning_mp_sampler(ctx: Ctx) -> Plan:
+    """Lightning's own distributed sampler (sharded by the data-parallel rank) (intact)."""
+    return _lightning(ctx, own_sampler=False)
+
+
+def lightning_mp_default_sampler(ctx: Ctx) -> Plan:
+    """The module's own DistributedSampler(ds) with use_distributed_sampler=False: the
+    tensor-parallel peers take different batches."""
+    return _lightning(ctx, own_sampler=True)
+
+
 SCENARIOS: dict[str, Callable[[Ctx], Plan]] = {
     # no mesh first: a mesh built by a scenario may outlive it (torch caches meshes), and the
     # last built states the layout
@@ -400,6 +699,16 @@ SCENARIOS: dict[str, Callable[[Ctx], Plan]] = {
     "mesh_dp_sampler": mesh_dp_sampler,
     "mesh_default_sampler": mesh_default_sampler,
     "mesh_ddp_dp_sampler": mesh_ddp_dp_sampler,
+    "accelerate_pc_dp_sampler": accelerate_pc_dp_sampler,
+    "accelerate_pc_default_sampler": accelerate_pc_default_sampler,
+    "titan_dims_dp_sampler": titan_dims_dp_sampler,
+    "titan_dims_default_sampler": titan_dims_default_sampler,
+    "titan_unflatten_dp_sampler": titan_unflatten_dp_sampler,
+    "titan_unflatten_default_sampler": titan_unflatten_default_sampler,
+    "accelerate_pc_hsdp_rank_seeds": accelerate_pc_hsdp_rank_seeds,
+    "titan_unflatten_hsdp_same_seed": titan_unflatten_hsdp_same_seed,
+    "lightning_mp_sampler": lightning_mp_sampler,
+    "lightning_mp_default_sampler": lightning_mp_default_sampler,
     # last: a declaration holds for the rest of the process
     "declared_default_sampler": declared_default_sampler,
 }
@@ -424,7 +733,9 @@ def run_one(name: str, ctx: Ctx) -> dict[str, Any]:
     plan = None
     try:
         plan = SCENARIOS[name](ctx)
-        for epoch in range(plan.epochs):
+        if plan.fit is not None:
+            plan.fit(out)
+        for epoch in range(plan.epochs if plan.fit is None else 0):
             ctx.stage = f"epoch {epoch}"
             plan.sampler.set_epoch(epoch)
             batches: list[list[int]] = []
@@ -446,6 +757,7 @@ def run_one(name: str, ctx: Ctx) -> dict[str, Any]:
             kinds=sorted({f.kind for f in report.findings}) if report is not None else [],
         )
     out["optimizer_steps"] = ctx.optimizer_steps
+    out.update(ctx.notes)
     if plan is not None and "weights" not in out:
         out["weights"] = _digest(plan.model)
     return out
