@@ -86,6 +86,12 @@ def _index_shapes(world: int) -> dict[str, tuple[dict[int, list[int]], int]]:
     subset = _perm(3, 30)[:13]
     held = subset + subset[: (-len(subset)) % round_]
     shapes["even-batches-subset"] = (_batched_shares(held, world), 30)
+    # above partition.MAX_ROOT root samples: a sketch, the counts estimated
+    big = partition.MAX_ROOT + 1000
+    g = _perm(0, big)
+    shapes["sketch-partition"] = ({r: g[r::world][:50_000] for r in range(world)}, big)
+    shapes["sketch-overlap"] = ({r: _perm(r, big)[:50_000] for r in range(world)}, big)
+    shapes["sketch-identical"] = ({r: g[:50_000] for r in range(world)}, big)
     return shapes
 
 
