@@ -12,6 +12,11 @@ def seen(shared: int, union: int, root: int = 22, repeats: int = 0) -> dict[str,
             "per_rank": {0: 12, 1: 12}, "repeats": {0: repeats, 1: 0}}  # fmt: skip
 
 
+def beyond(seen: dict[str, Any], world: int, sharding: verdict.Sharding = verdict.UNKNOWN) -> bool:
+    """No allowance explains the overlap: the first question of verdict.decide."""
+    return verdict.allowed_as(seen, world, sharding) is None
+
+
 def test_every_allowance_named_is_in_the_table() -> None:
     names = {name for name, _ in verdict.ALLOWANCES}
     rounds = verdict.Sharding(rounds=8)
@@ -26,25 +31,25 @@ def test_every_allowance_named_is_in_the_table() -> None:
 def test_even_batches_padding_is_allowed_only_where_the_sharder_pads_by_rounds() -> None:
     # measured in accelerate's own test_distributed_data_loop: 22 samples, batch 4, world 2
     padded = seen(2, 22)
-    assert verdict.harm(padded, 2)  # no known sharder: 2 shared at world 2 is beyond padding
-    assert not verdict.harm(padded, 2, verdict.Sharding(rounds=8))
+    assert beyond(padded, 2)  # no known sharder: 2 shared at world 2 is beyond padding
+    assert not beyond(padded, 2, verdict.Sharding(rounds=8))
 
 
 def test_even_batches_allowance_never_covers_a_dropped_sample_or_more_than_a_round() -> None:
     rounds = verdict.Sharding(rounds=8)
-    assert verdict.harm(seen(2, 21), 2, rounds)  # a sample no rank took: different orders
-    assert verdict.harm(seen(9, 22), 2, rounds)  # more than one round shared
+    assert beyond(seen(2, 21), 2, rounds)  # a sample no rank took: different orders
+    assert beyond(seen(9, 22), 2, rounds)  # more than one round shared
     estimated = {**seen(2, 22), "estimated": True, "shared_proven": 2}
-    assert verdict.harm(estimated, 2, rounds)  # a sketch cannot show that none was dropped
+    assert beyond(estimated, 2, rounds)  # a sketch cannot show that none was dropped
 
 
 def test_even_batches_over_a_subset_counts_the_samples_its_order_holds() -> None:
     # generated config w2-s7-01: a Subset of 15 of a 30-sample root, batch 3, world 2:
     # accelerate re-hands 3 samples; the 15 outside the Subset were never the loader's
     over_subset = seen(3, 15, root=30)
-    assert verdict.harm(over_subset, 2, verdict.Sharding(rounds=6))  # unknown cover: the root
-    assert not verdict.harm(over_subset, 2, verdict.Sharding(rounds=6, covers=15))
-    assert verdict.harm(seen(3, 14, root=30), 2, verdict.Sharding(rounds=6, covers=15))  # 1 dropped
+    assert beyond(over_subset, 2, verdict.Sharding(rounds=6))  # unknown cover: the root
+    assert not beyond(over_subset, 2, verdict.Sharding(rounds=6, covers=15))
+    assert beyond(seen(3, 14, root=30), 2, verdict.Sharding(rounds=6, covers=15))  # 1 dropped
 
 
 def _taken(shared: int, union: int, scope: Any = "epoch", identical: bool = False) -> Any:
@@ -95,3 +100,39 @@ def test_only_the_named_causes_convict_alone() -> None:
         "drawn before the sync", "sampler state", "order before sharding", "dataset mapping",
         "resume position",
     }  # fmt: skip
+
+
+HARM_KINDS = {"PARTITION_OVERLAP", "DATASET_DIVERGENCE", "SAMPLER_DRAW_DIVERGENCE"}
+RULE_PARTS = {"allowed_as", "replacement_ruled_out", "by_chance_ruled_out", "_evidence"}
+
+
+def test_exactly_one_function_decides_partition_harm() -> None:
+    """Read statically: no module but verdict.py asks the rule's questions (an allowance, the
+    chance of sampling with replacement), and no finding of a partition-harm kind is built with
+    a severity of its own: each takes the one verdict's (verdict.decide, or verdict.by_cause
+    for a cause that convicts alone)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(verdict.__file__).parents[1]
+    asked: list[str] = []
+    own_severity: list[str] = []
+    for path in sorted(root.rglob("*.py")):
+        if path.name == "verdict.py":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute | ast.Name):
+                name = node.attr if isinstance(node, ast.Attribute) else node.id
+                if name in RULE_PARTS:
+                    asked.append(f"{path.name}:{node.lineno} {name}")
+            if not (isinstance(node, ast.Call) and getattr(node.func, "id", "") == "Finding"):
+                continue
+            keywords = {k.arg: k.value for k in node.keywords}
+            kind = keywords.get("kind")
+            named = kind.attr if isinstance(kind, ast.Attribute) else getattr(kind, "id", "")
+            harmful = named in HARM_KINDS or named == "kind"  # a helper's kind: any of them
+            if harmful and isinstance(keywords.get("severity"), ast.Constant):
+                own_severity.append(f"{path.name}:{node.lineno}")
+    assert asked == []
+    assert own_severity == []

@@ -161,8 +161,8 @@ def compare(
     prefix = _common_prefix_differs(orders)
     if differs or prefix or _sampler_draws_differ(records):
         cause = "sampler state" if differs else "order before sharding" if prefix else "draws"
-        finding = _order_finding(records, where, states, orders, differs, loader, epoch)
-        finding.severity = verdict.by_cause(cause).severity
+        decided = verdict.by_cause(cause)
+        finding = _order_finding(records, where, states, orders, differs, loader, epoch, decided)
         if cause == "draws":  # only the draws: what the ranks are handed decides
             finding.details["measure"] = "planned"
         out.append(finding)
@@ -284,11 +284,16 @@ def _position_finding(where: str, positions: dict[int, Any], loader: str, epoch:
         "never) and run different numbers of steps (a collective then waits on the others).",
     ]
     details = {"loader": loader, "epoch": epoch, "check": "epoch-order", "positions": positions}
-    found = _error(
-        fk.SAMPLER_DRAW_DIVERGENCE, lines, sorted(positions), None, POSITION_REMEDY, details
+    decided = verdict.by_cause("resume position")
+    return _finding(
+        fk.SAMPLER_DRAW_DIVERGENCE,
+        decided,
+        lines,
+        sorted(positions),
+        None,
+        POSITION_REMEDY,
+        details,
     )
-    found.severity = verdict.by_cause("resume position").severity
-    return found
 
 
 def _dataset_finding(
@@ -324,9 +329,8 @@ def _dataset_finding(
         "epoch": epoch,
         "datasets": {str(k): v for k, v in datasets.items()},
     }
-    found = _error(fk.DATASET_DIVERGENCE, lines, sorted(datasets), split, remedy, details)
-    found.severity = verdict.by_cause("dataset mapping").severity
-    return found
+    decided = verdict.by_cause("dataset mapping")
+    return _finding(fk.DATASET_DIVERGENCE, decided, lines, sorted(datasets), split, remedy, details)
 
 
 def _split_draw(records: list[EpochRecord]) -> SamplerDraw | None:
@@ -379,9 +383,8 @@ def _shares_finding(
         "shares": {str(k): v for k, v in shares.items()},
         "shared_by": [list(p) for p in pairs],
     }
-    found = _error(fk.DATASET_DIVERGENCE, lines, sorted(shares), None, STREAM_REMEDY, details)
-    found.severity = decided.severity
-    return found
+    ranks = sorted(shares)
+    return _finding(fk.DATASET_DIVERGENCE, decided, lines, ranks, None, STREAM_REMEDY, details)
 
 
 def _content_finding(where: str, contents: dict[int, str], loader: str, epoch: int) -> Finding:
@@ -406,18 +409,20 @@ def _content_finding(where: str, contents: dict[int, str], loader: str, epoch: i
     )
 
 
-def _error(
+def _finding(
     kind: str,
+    decided: verdict.Verdict,
     lines: list[str],
     ranks: list[int],
     draw: SamplerDraw | None,
     remedy: str,
     details: dict[str, Any],
 ) -> Finding:
-    """An error finding that names the draw (generator, library and user call sites) behind it."""
+    """The finding of a verdict that names the draw (generator, library and user call sites)
+    behind it."""
     return Finding(
         kind=kind,
-        severity="error",
+        severity=decided.severity,
         message="\n".join(lines),
         ranks=ranks,
         generator=draw.get("generator") if draw else None,
@@ -436,6 +441,7 @@ def _order_finding(
     differs: list[str],
     loader: str,
     epoch: int,
+    decided: verdict.Verdict,
 ) -> Finding:
     chain = str(records[0].get("chain"))
     lines = [f"The ranks are about to shard different orders in {where}."]
@@ -469,7 +475,8 @@ def _order_finding(
         "differs": differs,
         "first_batches": {str(r): (o[0] if o else None) for r, o in sorted(orders.items())},
     }
-    return _error(fk.SAMPLER_DRAW_DIVERGENCE, lines, sorted(orders), draw, remedy, details)
+    ranks = sorted(orders)
+    return _finding(fk.SAMPLER_DRAW_DIVERGENCE, decided, lines, ranks, draw, remedy, details)
 
 
 def repeated(record: EpochRecord, previous: EpochRecord | None) -> Finding | None:
@@ -593,11 +600,6 @@ def observed_overlap(
     seen = partition.overlap(summaries)
     if seen is None:
         return None, False
-    estimated = bool(seen.get("estimated"))
-    if verdict.allowed_as(seen, world) in ("nothing shared", "DistributedSampler padding"):
-        # a partition when the ranks covered (nearly) all of it, known exactly (a bitmap)
-        exact = not estimated and seen["union"] * 10 >= seen["root_size"] * 9
-        return None, exact and left is None
     identical = bool(seen.get("identical"))
     training = all(s.get("training") for s in summaries.values())
     taken = verdict.Taken(seen, world, "epoch" if left is None else "left")
@@ -605,8 +607,8 @@ def observed_overlap(
         partitioned_before=partitioned_before, data_parallel=data_parallel and training
     )
     decided = verdict.decide(taken, facts)
-    if decided is None:  # by design, or no evidence it is not (sampling with replacement)
-        return None, False
+    if decided is None:  # a partition, by design, or no evidence of harm (with replacement)
+        return None, verdict.partitions(taken)
     severity = decided.severity
     never: int | None = int(seen.get("never_estimate", seen["root_size"] - seen["union"]))
     counts = ", ".join(f"rank {r}: {n}" for r, n in sorted(seen["per_rank"].items()))

@@ -133,10 +133,16 @@ def _allowed(taken: Taken, facts: Facts) -> str | None:
     return None
 
 
-def harm(seen: Mapping[str, Any], world: int, sharding: Sharding = UNKNOWN) -> bool:
-    """Whether the ranks' measured overlap is beyond every allowance (the first question of
-    :func:`decide`, asked alone where no more is known)."""
-    return allowed_as(seen, world, sharding) is None
+def partitions(taken: Taken) -> bool:
+    """Whether what the ranks took in a whole epoch partitions the data: nothing shared beyond
+    padding, known exactly (a bitmap), covering (nearly) all of the root. The evidence
+    :attr:`Facts.partitioned_before` carries to the loader's later epochs."""
+    seen = taken.seen
+    if taken.by_key or taken.scope != "epoch" or seen.get("estimated"):
+        return False
+    if allowed_as(seen, taken.world) not in ("nothing shared", "DistributedSampler padding"):
+        return False
+    return bool(int(seen["union"]) * 10 >= int(seen["root_size"]) * 9)
 
 
 def _evidence(taken: Taken, facts: Facts) -> str | None:
