@@ -79,9 +79,9 @@ class Facts:
     shards it; ``partitioned_before``: an earlier epoch of the loader partitioned the data
     exactly; ``data_parallel``: every rank trains it under a DDP / FSDP module (gradients on).
     ``identity_shown``: False where the ranks' first batches hold different content for the
-    same indices (the indices may name different samples on each rank). ``causes``: what
-    explains the overlap where it is harm (a seed, a generator state, ``set_epoch``, a draw
-    before the sync), attached to the finding, never a conviction."""
+    same indices (the indices may name different samples on each rank). The causes (a seed,
+    a generator state, ``set_epoch``, a draw before the sync) are no fact here: they explain
+    the finding in its wording, and convict alone only as :func:`by_cause` says."""
 
     sharding: Sharding = UNKNOWN
     key_round: int = 0
@@ -89,7 +89,6 @@ class Facts:
     partitioned_before: bool = False
     data_parallel: bool = False
     identity_shown: bool = True  # False: the same indices hold different content on the ranks
-    causes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -98,7 +97,6 @@ class Verdict:
 
     severity: Literal["error", "warning"]
     why: str  # the evidence that makes it harm, or what is missing for an error
-    causes: tuple[str, ...] = ()
 
 
 def allowed_as(seen: Mapping[str, Any], world: int, sharding: Sharding = UNKNOWN) -> str | None:
@@ -184,14 +182,14 @@ def decide(taken: Taken, facts: Facts) -> Verdict | None:
     if not meant and not facts.data_parallel:
         if taken.identical:
             if taken.by_key:
-                return Verdict("warning", "identical ids and no data-parallel module", facts.causes)
+                return Verdict("warning", "identical ids and no data-parallel module")
             return None
         if not taken.by_key:
-            return Verdict("warning", "no data-parallel module, no earlier partition", facts.causes)
+            return Verdict("warning", "no data-parallel module, no earlier partition")
     why = _evidence(taken, facts)
     if why is None:
         return None
-    return Verdict(unshown_identity("error", facts.identity_shown), why, facts.causes)
+    return Verdict(unshown_identity("error", facts.identity_shown), why)
 
 
 def unshown_identity(severity: str, shown: bool = False) -> Literal["error", "warning"]:
@@ -218,8 +216,8 @@ def by_cause(cause: str) -> Verdict:
     """The verdict a cause gives alone: an error for the causes of :data:`CONVICTING`, else a
     warning that says the overlap is still to be measured."""
     if cause in CONVICTING:
-        return Verdict("error", CONVICTING[cause], (cause,))
-    return Verdict("warning", "a cause, the overlap still to be measured", (cause,))
+        return Verdict("error", CONVICTING[cause])
+    return Verdict("warning", f"{cause}: the overlap is still to be measured")
 
 
 REPLACEMENT_ALPHA = 1e-12  # see replacement_ruled_out
