@@ -64,7 +64,7 @@ NO_DDP_WARNS = (
 )
 BY_CHANCE = (
     "miss: epoch-0 overlap under DDP of a small epoch (n <= 40): observed_overlap needs "
-    "harm.by_chance_ruled_out, which cannot rule out ranks "
+    "verdict.by_chance_ruled_out, which cannot rule out ranks "
     "drawing independently with replacement at this size, though no rank repeated a sample"
 )
 WINDOW = (
@@ -90,7 +90,7 @@ WORLD3_EPOCH1 = (
 )
 PADDING_ASSUMED = (
     "miss: one sample on two ranks and one on none (per-rank Subsets of different orders): "
-    "an overlap of world - 1 is taken for DistributedSampler padding (harm.allowed_as) "
+    "an overlap of world - 1 is taken for DistributedSampler padding (verdict.allowed_as) "
     "though this layout pads nothing; the with-block's dataset comparison "
     "says nothing either (not isolated)"
 )

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rngaudit import findings as fk
+from rngaudit.epochs import verdict as rule
 from rngaudit.findings import Finding
 
 log = logging.getLogger("rngaudit")
@@ -426,13 +427,12 @@ def verdict(
     if seen is None:
         return None
     world = len(summaries)
-    allowance = 0 if first else world * max(1, batch_size or 1)
-    lower = seen["shared"] - seen["shared_bound"]
-    if seen["shared_proven"] == 0 or lower <= allowance:
+    taken = rule.Taken(seen, world, "prefix" if first else "epoch", by_key=True)
+    key_round = 0 if first else world * max(1, batch_size or 1)
+    decided = rule.decide(taken, rule.Facts(key_round=key_round, data_parallel=data_parallel))
+    if decided is None:
         return None
-    severity = "error"
-    if seen["identical"] and not data_parallel:
-        severity = "warning"
+    severity = decided.severity
     took = ", ".join(
         f"rank {r} took {_count(n, seen)}" for r, n in sorted(seen["per_rank"].items())
     )

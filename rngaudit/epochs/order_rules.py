@@ -6,8 +6,7 @@ import dataclasses
 from typing import Any
 
 from rngaudit import findings as fk
-from rngaudit.epochs import harm, partition, sketch
-from rngaudit.epochs.harm import by_chance_ruled_out, replacement_ruled_out
+from rngaudit.epochs import partition, sketch, verdict
 from rngaudit.findings import Finding
 from rngaudit.schema import EpochRecord, SamplerDraw
 from rngaudit.wording import format_site, ranks_phrase
@@ -161,9 +160,10 @@ def compare(
     differs = [key for key in keys if len({str((s or {}).get(key)) for s in states.values()}) > 1]
     prefix = _common_prefix_differs(orders)
     if differs or prefix or _sampler_draws_differ(records):
-        finding = _order_finding(records, where, states, orders, differs, loader, epoch)
-        if not (differs or prefix):  # only the draws: what the ranks are handed decides
-            finding.severity = "warning"
+        cause = "sampler state" if differs else "order before sharding" if prefix else "draws"
+        decided = verdict.by_cause(cause)
+        finding = _order_finding(records, where, states, orders, differs, loader, epoch, decided)
+        if cause == "draws":  # only the draws: what the ranks are handed decides
             finding.details["measure"] = "planned"
         out.append(finding)
     positions = {int(r["rank"]): r.get("position") for r in records}
@@ -257,7 +257,8 @@ def planned_overlap(
             f.details["shares"] = "unread"  # under DDP/FSDP: also compared as they are drawn
             out.append(f)
             continue
-        if not harm.harm(seen, world):
+        taken = verdict.Taken(seen, world, "planned")
+        if verdict.decide(taken, verdict.Facts(sharded=True)) is None:
             continue  # measured intact: the ranks order shares that still partition the data
         never = int(seen.get("never_estimate", seen["root_size"] - seen["union"]))
         f.severity = "error"
@@ -283,8 +284,15 @@ def _position_finding(where: str, positions: dict[int, Any], loader: str, epoch:
         "never) and run different numbers of steps (a collective then waits on the others).",
     ]
     details = {"loader": loader, "epoch": epoch, "check": "epoch-order", "positions": positions}
-    return _error(
-        fk.SAMPLER_DRAW_DIVERGENCE, lines, sorted(positions), None, POSITION_REMEDY, details
+    decided = verdict.by_cause("resume position")
+    return _finding(
+        fk.SAMPLER_DRAW_DIVERGENCE,
+        decided,
+        lines,
+        sorted(positions),
+        None,
+        POSITION_REMEDY,
+        details,
     )
 
 
@@ -321,7 +329,8 @@ def _dataset_finding(
         "epoch": epoch,
         "datasets": {str(k): v for k, v in datasets.items()},
     }
-    return _error(fk.DATASET_DIVERGENCE, lines, sorted(datasets), split, remedy, details)
+    decided = verdict.by_cause("dataset mapping")
+    return _finding(fk.DATASET_DIVERGENCE, decided, lines, sorted(datasets), split, remedy, details)
 
 
 def _split_draw(records: list[EpochRecord]) -> SamplerDraw | None:
@@ -347,7 +356,15 @@ def _shares_finding(
         for shard in share:
             holders.setdefault(shard, []).append(rank)
     shared = {s: r for s, r in holders.items() if len(r) > 1}
-    if not shared:
+    seen = {
+        "shared": len(shared),
+        "union": len(holders),
+        "per_rank": {r: len(set(share)) for r, share in shares.items()},
+        "identical": len({tuple(sorted(set(share))) for share in shares.values()}) == 1,
+    }
+    taken = verdict.Taken(seen, len(shares), "planned", by_key=True)  # a shard names itself
+    decided = verdict.decide(taken, verdict.Facts(sharded=True))  # split_dataset_by_node
+    if decided is None:
         return None
     total = sum(len(s) for s in shares.values())  # the ranks' positions cover every shard once
     pairs = sorted({tuple(sorted(set(r))) for r in shared.values()})
@@ -366,7 +383,8 @@ def _shares_finding(
         "shares": {str(k): v for k, v in shares.items()},
         "shared_by": [list(p) for p in pairs],
     }
-    return _error(fk.DATASET_DIVERGENCE, lines, sorted(shares), None, STREAM_REMEDY, details)
+    ranks = sorted(shares)
+    return _finding(fk.DATASET_DIVERGENCE, decided, lines, ranks, None, STREAM_REMEDY, details)
 
 
 def _content_finding(where: str, contents: dict[int, str], loader: str, epoch: int) -> Finding:
@@ -391,18 +409,20 @@ def _content_finding(where: str, contents: dict[int, str], loader: str, epoch: i
     )
 
 
-def _error(
+def _finding(
     kind: str,
+    decided: verdict.Verdict,
     lines: list[str],
     ranks: list[int],
     draw: SamplerDraw | None,
     remedy: str,
     details: dict[str, Any],
 ) -> Finding:
-    """An error finding that names the draw (generator, library and user call sites) behind it."""
+    """The finding of a verdict that names the draw (generator, library and user call sites)
+    behind it."""
     return Finding(
         kind=kind,
-        severity="error",
+        severity=decided.severity,
         message="\n".join(lines),
         ranks=ranks,
         generator=draw.get("generator") if draw else None,
@@ -421,6 +441,7 @@ def _order_finding(
     differs: list[str],
     loader: str,
     epoch: int,
+    decided: verdict.Verdict,
 ) -> Finding:
     chain = str(records[0].get("chain"))
     lines = [f"The ranks are about to shard different orders in {where}."]
@@ -454,7 +475,8 @@ def _order_finding(
         "differs": differs,
         "first_batches": {str(r): (o[0] if o else None) for r, o in sorted(orders.items())},
     }
-    return _error(fk.SAMPLER_DRAW_DIVERGENCE, lines, sorted(orders), draw, remedy, details)
+    ranks = sorted(orders)
+    return _finding(fk.SAMPLER_DRAW_DIVERGENCE, decided, lines, ranks, draw, remedy, details)
 
 
 def repeated(record: EpochRecord, previous: EpochRecord | None) -> Finding | None:
@@ -496,7 +518,7 @@ def partition_overlap(
     loader: str,
     chain: str,
     epoch: int,
-    sharding: harm.Sharding = harm.UNKNOWN,
+    sharding: verdict.Sharding = verdict.UNKNOWN,
 ) -> Finding | None:
     """An error when the samples the ranks actually took in an epoch overlap beyond padding.
 
@@ -508,7 +530,12 @@ def partition_overlap(
     """
     world = len(summaries)
     seen = partition.overlap(summaries)
-    if seen is None or not harm.harm(seen, world, sharding):
+    if seen is None:
+        return None
+    decided = verdict.decide(
+        verdict.Taken(seen, world), verdict.Facts(sharding=sharding, sharded=True)
+    )
+    if decided is None:
         return None
     never = int(seen.get("never_estimate", seen["root_size"] - seen["union"]))
     counts = ", ".join(f"rank {r}: {n}" for r, n in sorted(seen["per_rank"].items()))
@@ -521,7 +548,7 @@ def partition_overlap(
     )
     return Finding(
         kind=fk.PARTITION_OVERLAP,
-        severity="error",
+        severity=decided.severity,
         message=message,
         ranks=sorted(summaries),
         remedy=PARTITION_REMEDY,
@@ -573,24 +600,16 @@ def observed_overlap(
     seen = partition.overlap(summaries)
     if seen is None:
         return None, False
-    estimated = bool(seen.get("estimated"))
-    allowed = harm.allowed_as(seen, world)
-    if allowed in ("nothing shared", "DistributedSampler padding"):
-        # a partition when the ranks covered (nearly) all of it, known exactly (a bitmap)
-        exact = not estimated and seen["union"] * 10 >= seen["root_size"] * 9
-        return None, exact and left is None
-    if allowed is not None:
-        return None, False  # sampling with replacement: ranks may overlap by design
     identical = bool(seen.get("identical"))
     training = all(s.get("training") for s in summaries.values())
-    if not (partitioned_before or (data_parallel and training)):
-        if identical:
-            return None, False
-        severity = "warning"
-    elif partitioned_before or identical or left is not None or by_chance_ruled_out(seen, world):
-        severity = "error"
-    else:  # only the data-parallel module says harm, and ranks sampling independently with
-        return None, False  # replacement could have drawn this: no evidence of it
+    taken = verdict.Taken(seen, world, "epoch" if left is None else "left")
+    facts = verdict.Facts(
+        partitioned_before=partitioned_before, data_parallel=data_parallel and training
+    )
+    decided = verdict.decide(taken, facts)
+    if decided is None:  # a partition, by design, or no evidence of harm (with replacement)
+        return None, verdict.partitions(taken)
+    severity = decided.severity
     never: int | None = int(seen.get("never_estimate", seen["root_size"] - seen["union"]))
     counts = ", ".join(f"rank {r}: {n}" for r, n in sorted(seen["per_rank"].items()))
     where = f"epoch {epoch} of {loader} ({chain}, sharded by no DistributedSampler)"
@@ -675,7 +694,7 @@ def content_differs(finding: Finding) -> Finding:
     augmented per rank (duplication); the batches cannot tell the two apart."""
     return dataclasses.replace(
         finding,
-        severity="warning",
+        severity=verdict.unshown_identity(finding.severity),
         message=(
             f"{finding.message} The ranks' first batches hold different content for the same "
             "indices: if the dataset picks its part by rank inside __getitem__, this is by "
@@ -722,10 +741,13 @@ def first_batches_overlap(
     drew from state that differs across ranks), the reason the overlap is harm instead."""
     world = len(summaries)
     seen = partition.overlap(summaries)
-    if seen is None or not harm.harm(seen, world):
+    if seen is None:
         return None
-    if sharded_by is not None and not replacement_ruled_out(seen, world):
-        return None  # no earlier partition: too few shared to rule out sampling by design
+    # no earlier partition with a sharder: too few shared to rule out sampling by design
+    facts = verdict.Facts(sharded=sharded_by is not None, partitioned_before=sharded_by is None)
+    decided = verdict.decide(verdict.Taken(seen, world, "prefix"), facts)
+    if decided is None:
+        return None
     firsts = ", ".join(f"rank {r}: {n}" for r, n in sorted(seen["per_rank"].items()))
     if drawn is None:
         what = "the first batches the ranks are about to train on share"
@@ -763,7 +785,7 @@ def first_batches_overlap(
     )
     return Finding(
         kind=fk.PARTITION_OVERLAP,
-        severity="error",
+        severity=decided.severity,
         message=message,
         ranks=sorted(summaries),
         remedy=DUPLICATION_REMEDY,

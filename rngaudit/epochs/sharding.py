@@ -14,7 +14,7 @@ from typing import Any
 
 from rngaudit import library_samplers, peek
 from rngaudit.capture.fingerprint import digest_bytes
-from rngaudit.epochs import harm
+from rngaudit.epochs import verdict
 from rngaudit.schema import SamplerDraw
 
 _MAX_CHAIN = 8
@@ -48,24 +48,24 @@ def _is_iterable_shard(obj: Any) -> bool:
     return library_samplers.is_a(obj, "IterableDatasetShard")
 
 
-def allowance(shard: Any) -> harm.Sharding:
-    """What a correct ``shard`` may hand a second time (the facts :func:`harm.allowed_as`
+def allowance(shard: Any) -> verdict.Sharding:
+    """What a correct ``shard`` may hand a second time (the facts :func:`verdict.allowed_as`
     needs): accelerate's BatchSamplerShard with ``even_batches`` (and no ``drop_last``)
     re-hands the epoch's first samples to complete its last round, at most ``num_processes x
     batch_size`` of the samples its inner sampler holds (a Subset's, not its root's); any other
     sharder nothing beyond the rule's own allowance (a DistributedSampler pads ``world - 1``)."""
     if not _is_batch_sampler_shard(shard):
-        return harm.UNKNOWN
+        return verdict.UNKNOWN
     if peek.flag(peek.attr(shard, "even_batches")) is not True:
-        return harm.UNKNOWN
+        return verdict.UNKNOWN
     if peek.flag(peek.attr(shard, "drop_last")) is not False:
-        return harm.UNKNOWN
+        return verdict.UNKNOWN
     world = peek.integer(peek.attr(shard, "num_processes"), 1)
     batch = peek.integer(peek.attr(shard, "batch_size"), 0)
     if world < 2 or batch < 1:
-        return harm.UNKNOWN
+        return verdict.UNKNOWN
     covers = peek.size(peek.attr(peek.attr(shard, "batch_sampler"), "sampler"))
-    return harm.Sharding(rounds=world * batch, covers=covers or 0)
+    return verdict.Sharding(rounds=world * batch, covers=covers or 0)
 
 
 def chain(root: Any) -> list[Any]:

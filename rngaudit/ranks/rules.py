@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 from rngaudit import config, library_samplers
 from rngaudit import findings as fk
 from rngaudit.capture import framework, naming
-from rngaudit.epochs import harm, order_rules, partition
+from rngaudit.epochs import order_rules, partition, verdict
 from rngaudit.findings import Finding
 from rngaudit.ranks import exchange
 from rngaudit.schema import DRAW, PRE_ITERATION, SEED, CallSiteDict, Event, RankRecord, SamplerDict
@@ -371,7 +371,10 @@ def _dataset_overlap(
         if len(per_rank) < world or len({str(s.get("bitmap")) for s in per_rank.values()}) < 2:
             continue
         seen = partition.overlap(per_rank)
-        if seen is None or not harm.harm(seen, len(per_rank)):
+        if seen is None:
+            continue
+        decided = verdict.decide(verdict.Taken(seen, len(per_rank), "datasets"), verdict.Facts())
+        if decided is None:
             continue
         never = seen["root_size"] - seen["union"]
         counts = ", ".join(f"rank {r}: {n}" for r, n in sorted(seen["per_rank"].items()))
@@ -386,7 +389,7 @@ def _dataset_overlap(
         out.append(
             Finding(
                 kind=fk.DATASET_DIVERGENCE,
-                severity="error",
+                severity=decided.severity,
                 message=(
                     f"The datasets the ranks built for {name} overlap: {seen['shared']} of "
                     f"{seen['root_size']} root samples are in more than one rank's dataset and "
@@ -529,7 +532,7 @@ def _sampler_finding(
         lines.append(f"First unequal draw before it: {mismatch.details.get('first', '')}.")
     return Finding(
         kind=fk.SAMPLER_DRAW_DIVERGENCE,
-        severity="error",
+        severity=verdict.by_cause("drawn before the sync").severity,
         message="\n".join(lines),
         ranks=sorted(fps),
         generator=generator,
