@@ -95,7 +95,7 @@ def test_no_file_holds_a_merge_conflict() -> None:
 # below leaves the TYPE_CHECKING ones out (they never run). Importing the root package
 # (``from rngaudit import __version__``) is no arrow: every import of a submodule runs it.
 KERNEL: tuple[str, ...] = ("errors", "config", "schema", "findings", "wording", "peek")
-KERNEL += ("library_samplers", "forksafe")
+KERNEL += ("library_samplers", "forksafe", "verdict")
 ENGINE = ("capture", "ranks", "epochs", "workers")
 LAYERS: dict[str, tuple[str, ...]] = {
     "kernel": (),  # shared by both halves: errors, settings, shapes, findings, wording
@@ -212,7 +212,6 @@ KNOWN_UPWARD = {
     ("rngaudit.ranks.peers", "rngaudit.epochs.ahead"),
     ("rngaudit.ranks.replicas", "rngaudit.epochs.observed"),
     ("rngaudit.ranks.replicas", "rngaudit.epochs.order_check"),
-    ("rngaudit.ranks.rules", "rngaudit.epochs.harm"),
     ("rngaudit.ranks.rules", "rngaudit.epochs.order_rules"),
     ("rngaudit.ranks.rules", "rngaudit.epochs.partition"),
     # the engine importing reports/: the report model and the atomic write of report files

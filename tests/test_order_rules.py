@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler, Subset, TensorDataset
 
+from rngaudit import verdict as harm
 from rngaudit.epochs import order_rules, sharding
-from rngaudit.epochs import verdict as harm
 from rngaudit.findings import (
     DATASET_DIVERGENCE,
     EPOCH_ORDER_REPEATED,

@@ -11,8 +11,8 @@ from typing import Any, cast
 
 import torch
 
+from rngaudit import verdict as harm
 from rngaudit.epochs import keyed, order_rules, partition, sharding
-from rngaudit.epochs import verdict as harm
 from rngaudit.findings import Finding
 from rngaudit.ranks import rules
 from rngaudit.schema import EpochRecord, Event, RankRecord, SamplerDict, SamplerDraw

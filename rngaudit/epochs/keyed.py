@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rngaudit import findings as fk
-from rngaudit.epochs import verdict as rule
+from rngaudit import verdict as rule
 from rngaudit.findings import Finding
 
 log = logging.getLogger("rngaudit")

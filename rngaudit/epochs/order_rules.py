@@ -6,7 +6,8 @@ import dataclasses
 from typing import Any
 
 from rngaudit import findings as fk
-from rngaudit.epochs import partition, sketch, verdict
+from rngaudit import verdict
+from rngaudit.epochs import partition, sketch
 from rngaudit.findings import Finding
 from rngaudit.schema import EpochRecord, SamplerDraw
 from rngaudit.wording import format_site, ranks_phrase

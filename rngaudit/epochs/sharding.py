@@ -12,9 +12,8 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from rngaudit import library_samplers, peek
+from rngaudit import library_samplers, peek, verdict
 from rngaudit.capture.fingerprint import digest_bytes
-from rngaudit.epochs import verdict
 from rngaudit.schema import SamplerDraw
 
 _MAX_CHAIN = 8

@@ -6,10 +6,10 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
-from rngaudit import config, library_samplers
+from rngaudit import config, library_samplers, verdict
 from rngaudit import findings as fk
 from rngaudit.capture import framework, naming
-from rngaudit.epochs import order_rules, partition, verdict
+from rngaudit.epochs import order_rules, partition
 from rngaudit.findings import Finding
 from rngaudit.ranks import exchange
 from rngaudit.schema import DRAW, PRE_ITERATION, SEED, CallSiteDict, Event, RankRecord, SamplerDict
