@@ -428,10 +428,10 @@ def _finding(
 
 
 def _stream_sources(optimizer: Any) -> dict[tuple[int, ...], dict[str, Any]]:
-    """Group ranks -> this rank's stream where the step draws: a DDP (or FSDP1) module holding
-    the optimizer's parameters with a stochastic module in training mode (dropout, p > 0):
-    the generator it draws from (its device's default one), that generator's state now, and
-    the modules. Read only (never a draw); empty when none."""
+    """Group ranks -> this rank's stream where the step draws: a DDP (or FSDP1 ``NO_SHARD``)
+    module holding the optimizer's parameters with a stochastic module in training mode
+    (dropout, p > 0): the generator it draws from (its device's default one), that
+    generator's state now, and the modules. Read only (never a draw); empty when none."""
     from rngaudit.epochs import observed
 
     out: dict[tuple[int, ...], dict[str, Any]] = {}
@@ -444,8 +444,8 @@ def _stream_sources(optimizer: Any) -> dict[tuple[int, ...], dict[str, Any]]:
                     ranks = _ranks_of(getattr(module, "process_group", None))
                 elif kind == "FullyShardedDataParallel":
                     strategy = getattr(getattr(module, "sharding_strategy", None), "name", "")
-                    if "HYBRID" in strategy:
-                        continue  # data-parallel over two groups: not one exchange
+                    if strategy != "NO_SHARD":
+                        continue  # sharded: no replicated parameters, no exchange to carry it
                     ranks = _ranks_of(getattr(module, "process_group", None))
                 else:
                     continue
