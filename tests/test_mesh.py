@@ -325,6 +325,35 @@ def test_peers_sharing_a_stream_are_not_reported() -> None:
     assert replicas.streams_finding(world, missing, None) is None
 
 
+def test_replica_streams_info_never_raises_nor_warns_in_any_mode() -> None:
+    from rngaudit.ranks import policy, replicas
+
+    streams = {r: {"generator": "g", "state": "s", "draws": []} for r in (0, 1)}
+    found = replicas.streams_finding([0, 1], streams, None)
+    assert found is not None and found.severity == "info"
+    for mode in ("raise", "warn", "report"):
+        for strict in (False, True):
+            assert not policy.fails(found, mode, strict)
+        assert not policy.warns(found, mode)
+
+
+def test_the_stochastic_modules_and_their_generator_are_read_without_a_draw() -> None:
+    import torch
+
+    from rngaudit.ranks import replicas
+
+    net = torch.nn.Sequential(
+        torch.nn.Linear(1, 2), torch.nn.Dropout(0.5), torch.nn.Dropout(0.0), torch.nn.RReLU()
+    )  # fmt: skip
+    before = torch.get_rng_state()
+    assert replicas._stochastic(net) == ["1 (Dropout, p=0.5)", "3 (RReLU)"]
+    name, _ = replicas._generator_of(next(net.parameters())) or ("", "")
+    assert name == "torch.default_generator"
+    assert torch.equal(torch.get_rng_state(), before)
+    net.eval()  # no draw in eval mode
+    assert replicas._stochastic(net) == []
+
+
 # --------------------------------------------------------------------------- the layout alone
 
 
