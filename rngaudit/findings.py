@@ -22,6 +22,7 @@ DATASET_CONTENT_DIVERGENCE = "dataset-content-divergence"
 PARTITION_OVERLAP = "partition-overlap"
 PEER_BATCH_DIVERGENCE = "peer-batch-divergence"  # peers of one replica: different batches
 REPLICA_WEIGHT_DIVERGENCE = "replica-weight-divergence"  # replicas: different weights
+REPLICA_STREAMS_IDENTICAL = "replica-streams-identical"  # replicas: one dropout stream (info)
 EPOCH_ORDER_REPEATED = "epoch-order-repeated"
 AUDIT_MISMATCH = "audit-mismatch"
 MODE_MISMATCH = "mode-mismatch"
@@ -41,6 +42,7 @@ KINDS = (
     PARTITION_OVERLAP,
     PEER_BATCH_DIVERGENCE,
     REPLICA_WEIGHT_DIVERGENCE,
+    REPLICA_STREAMS_IDENTICAL,
     EPOCH_ORDER_REPEATED,
     AUDIT_MISMATCH,
     MODE_MISMATCH,

@@ -46,6 +46,13 @@ INTACT = {
     "accelerate_pc_dp_sampler", "titan_dims_dp_sampler", "titan_unflatten_dp_sampler",
     "lightning_mp_sampler", "titan_unflatten_hsdp_same_seed",
 }  # fmt: skip
+# the replicas' random streams: an info finding, never a verdict (all intact)
+STREAMS = [
+    "ddp_dropout_same_seed", "ddp_dropout_rank_seeds", "ddp_same_seed_no_dropout",
+    "mesh_ddp_dropout_same_seed",
+]  # fmt: skip
+INTACT |= set(STREAMS)
+STREAMS_KIND = "replica-streams-identical"
 ALL = sorted(PEERS_DIFFER | WEIGHTS_DIFFER | INTACT)
 KIND = dict.fromkeys(PEERS_DIFFER, "peer-batch-divergence")
 KIND.update(dict.fromkeys(WEIGHTS_DIFFER, "replica-weight-divergence"))
@@ -60,6 +67,8 @@ REPLICATE = {
     "ddp_rank_seeds": WORLD, "fsdp2_1d_rank_seeds": [], "tp_parallelize_rank_seeds": [],
     "hsdp_rank_seeds": DP, "hsdp_same_seed": DP, "fsdp1_hybrid_rank_seeds": DP,
     "fsdp1_hybrid_broadcast": DP, "accelerate_rank_seeds": WORLD,
+    "ddp_dropout_same_seed": WORLD, "ddp_dropout_rank_seeds": WORLD,
+    "ddp_same_seed_no_dropout": WORLD, "mesh_ddp_dropout_same_seed": DP,
 }  # fmt: skip
 # the frameworks' (dp, tp / cp) meshes shard the model over their data-parallel dim: no
 # replicas; their HSDP meshes replicate over dp_replicate
@@ -72,6 +81,7 @@ WORLD_DATA_PARALLEL = [  # the world is one data-parallel group: no peers
     "hand_dp_same_seed", "fsdp2_1d_rank_seeds", "hsdp_rank_seeds", "hsdp_same_seed",
     "fsdp1_hybrid_rank_seeds", "fsdp1_hybrid_broadcast", "accelerate_rank_seeds",
     "accelerate_pc_hsdp_rank_seeds", "titan_unflatten_hsdp_same_seed",
+    "ddp_dropout_same_seed", "ddp_dropout_rank_seeds", "ddp_same_seed_no_dropout",
 ]  # fmt: skip
 PEER_GROUPS.update({name: [] for name in WORLD_DATA_PARALLEL})
 PEER_GROUPS["tp_parallelize_rank_seeds"] = WORLD
@@ -94,6 +104,7 @@ def _launch(outdir: Path, how: str) -> dict[int, dict[str, Any]]:
     report = outdir / "report" / "report.json"
     if report.exists():  # the checks the report lists, with their labels
         results[0]["_audits"] = json.loads(report.read_text()).get("audits", [])
+        results[0]["_report_dir"] = str(report.parent)
     return results
 
 
@@ -221,6 +232,126 @@ def test_the_frameworks_meshes_are_read_as_the_frameworks_build_them(
             for r in range(NPROC):
                 message = runs[how][r][f"{framework}_default_sampler"]["message"]
                 assert f"ranks 0, 1; 2, 3 must train on the same batch (the {mesh}" in message
+
+
+# --------------------------------------------------------------------------- streams
+
+
+def _shared_streams(res: dict[int, dict[str, Any]], scenario: str, rank: int) -> list[list[int]]:
+    """Measured unaudited: the ranks of ``rank``'s data-parallel group that held one state of
+    torch's CPU generator at the first optimizer step, where every rank's first step drew
+    from it (its state moved between the first forward and the step); [] otherwise."""
+    group = next(g for g in REPLICATE[scenario] if rank in g)
+    notes = {r: res[r][scenario] for r in group}
+    if any(n["rng_before_forward"] == n["rng_at_step"] for n in notes.values()):
+        return []  # the step drew nothing
+    by: dict[str, list[int]] = {}
+    for r in group:
+        by.setdefault(notes[r]["rng_at_step"], []).append(r)
+    return sorted(sorted(g) for g in by.values() if len(g) > 1)
+
+
+def test_streams_truth_is_what_the_scenarios_claim(runs: dict[str, Any]) -> None:
+    res = runs["none"]
+    assert _shared_streams(res, "ddp_dropout_same_seed", 0) == [[0, 1, 2, 3]]
+    assert _shared_streams(res, "ddp_dropout_rank_seeds", 0) == []  # a state per rank
+    assert _shared_streams(res, "ddp_same_seed_no_dropout", 0) == []  # no draw in the step
+    no_drop = {res[r]["ddp_same_seed_no_dropout"]["rng_at_step"] for r in range(NPROC)}
+    assert len(no_drop) == 1  # identical states, but nothing drawn from them
+    mesh = "mesh_ddp_dropout_same_seed"
+    assert _shared_streams(res, mesh, 0) == [[0, 2]] and _shared_streams(res, mesh, 1) == [[1, 3]]
+    # the tp peers of one replica hold that state too, as meant
+    assert len({res[r][mesh]["rng_at_step"] for r in range(NPROC)}) == 1
+
+
+@pytest.mark.parametrize("how", HOWS)
+@pytest.mark.parametrize("scenario", ALL)
+def test_replica_streams_info_matches_truth(runs: dict[str, Any], scenario: str, how: str) -> None:
+    """The info finding where replicas' steps drew from one state (measured), on each rank of
+    the group, naming the generator, the ranks and the dropout; never raised, never warned;
+    nowhere else (peers sharing a state, a state per rank, no draw, no dropout)."""
+    for r in range(NPROC):
+        got = runs[how][r][scenario]
+        infos = [f for f in got.get("findings", []) if f["kind"] == STREAMS_KIND]
+        expected = _shared_streams(runs["none"], scenario, r) if scenario in STREAMS else []
+        if not expected:
+            assert not infos, infos
+            continue
+        assert len(infos) == 1, infos
+        found = infos[0]
+        assert found["severity"] == "info"
+        assert found["generator"] == "torch.default_generator"
+        assert found["details"]["sharing"] == expected
+        assert found["ranks"] == expected[0]
+        assert "1 (Dropout, p=0.5)" in found["message"]
+        assert found["message"].startswith("Informational, not a problem")
+        assert "set_seed(seed, device_specific=True)" in found["remedy"]
+        assert "torch.manual_seed(seed + dp_rank)" in found["remedy"]
+        assert got["raised"] is False and got["rngaudit_warnings"] == []
+        assert got["optimizer_steps"] == runs["none"][r][scenario]["optimizer_steps"]
+
+
+def test_replica_streams_are_in_the_report_and_leave_its_verdict_ok(runs: dict[str, Any]) -> None:
+    label = "replicas' random streams at the first optimizer step"
+    for how in HOWS:
+        audits = [a for a in runs[how][0]["_audits"] if a["label"] == label]
+        assert len(audits) == 2 and {a["verdict"] for a in audits} == {"ok"}, audits
+        shown = subprocess.run(
+            [sys.executable, "-m", "rngaudit", "report", runs[how][0]["_report_dir"]],
+            capture_output=True, text=True, timeout=120, cwd=ROOT,
+        )  # fmt: skip
+        assert f"[info] {STREAMS_KIND}" in shown.stdout, shown.stdout[-2000:]
+
+
+def test_peers_sharing_a_stream_are_not_reported() -> None:
+    from rngaudit.ranks import replicas
+
+    def streams(states: list[str]) -> dict[int, Any]:
+        return {
+            r: {"generator": "torch.default_generator", "state": s, "draws": ["1 (Dropout)"]}
+            for r, s in enumerate(states)
+        }
+
+    peers = {0: 0, 1: 0, 2: 1, 3: 1}  # ranks 0, 1 and 2, 3: one replica each
+    world = [0, 1, 2, 3]
+    assert replicas.streams_finding(world, streams(["a", "a", "b", "b"]), peers) is None
+    shared = replicas.streams_finding(world, streams(["a", "a", "a", "a"]), peers)
+    assert shared is not None and shared.details["sharing"] == [[0, 1, 2, 3]]
+    found = replicas.streams_finding(world, streams(["a", "b", "a", "c"]), None)
+    assert found is not None and found.details["sharing"] == [[0, 2]]
+    assert found.severity == "info"
+    missing = streams(["a", "a", "a", "a"])
+    missing[3] = None  # its step draws nothing: no finding
+    assert replicas.streams_finding(world, missing, None) is None
+
+
+def test_replica_streams_info_never_raises_nor_warns_in_any_mode() -> None:
+    from rngaudit.ranks import policy, replicas
+
+    streams = {r: {"generator": "g", "state": "s", "draws": []} for r in (0, 1)}
+    found = replicas.streams_finding([0, 1], streams, None)
+    assert found is not None and found.severity == "info"
+    for mode in ("raise", "warn", "report"):
+        for strict in (False, True):
+            assert not policy.fails(found, mode, strict)
+        assert not policy.warns(found, mode)
+
+
+def test_the_stochastic_modules_and_their_generator_are_read_without_a_draw() -> None:
+    import torch
+
+    from rngaudit.ranks import replicas
+
+    net = torch.nn.Sequential(
+        torch.nn.Linear(1, 2), torch.nn.Dropout(0.5), torch.nn.Dropout(0.0), torch.nn.RReLU()
+    )  # fmt: skip
+    before = torch.get_rng_state()
+    assert replicas._stochastic(net) == ["1 (Dropout, p=0.5)", "3 (RReLU)"]
+    name, _ = replicas._generator_of(next(net.parameters())) or ("", "")
+    assert name == "torch.default_generator"
+    assert torch.equal(torch.get_rng_state(), before)
+    net.eval()  # no draw in eval mode
+    assert replicas._stochastic(net) == []
 
 
 # --------------------------------------------------------------------------- the layout alone

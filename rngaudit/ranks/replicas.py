@@ -11,6 +11,11 @@ of the local tensor) and the ranks of each group compare them through the store,
 audit's timeout; a difference is an error raised from ``step()``, before the step. After
 that an optimizer's steps cost a dictionary look-up; an ``all_reduce`` one dictionary entry.
 The hook and the wrapper are undone at exit.
+
+The same exchange carries, where a DDP / FSDP1 module holding the optimizer's parameters has a
+stochastic module in training mode (dropout: the training step draws), the state of the
+generator it draws from; replicas (ranks the layout does not make peers) holding identical
+states are reported, as information only (``replica-streams-identical``).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from rngaudit import forksafe
 from rngaudit.capture.patching import PatchSet
 from rngaudit.capture.recorder import RECORDER
 from rngaudit.findings import Finding
-from rngaudit.ranks import exchange
+from rngaudit.ranks import exchange, layout
 
 log = logging.getLogger("rngaudit")
 
@@ -44,6 +49,21 @@ REMEDY = (
     "group=replicate_group); or seed every rank identically before the model is built (and "
     "use per-rank seeds only after it: dropout, augmentation). DDP broadcasts at construction."
 )
+
+STREAMS_REMEDY = (
+    "Only if each replica should draw its own dropout / noise stream: seed per data-parallel "
+    "rank after the model is built: accelerate.utils.set_seed(seed, device_specific=True), or "
+    "torch.manual_seed(seed + dp_rank) (per-rank seeds before the model is built, without a "
+    "broadcast, give the replicas different weights). Nothing needs fixing otherwise."
+)
+# modules whose training forward draws from the default generator of their device
+STOCHASTIC = frozenset(
+    {"Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout", "FeatureAlphaDropout"}
+    | {"RReLU"}
+)
+MAX_DRAWS = 8  # stochastic modules named, at most
+STREAMS_LABEL = "replicas' random streams at the first optimizer step"
+WEIGHTS_LABEL = "replicas' weights at the first optimizer step"
 
 _lock = forksafe.lock()
 _patches = PatchSet()  # the optimizer hook (never removed inside its own call: at exit)
@@ -154,13 +174,18 @@ def _pre_step(optimizer: Any, args: Any, kwargs: Any) -> None:
             return  # nothing replicated yet: its next step's gradients may be
         with _lock:
             _optimizers[optimizer] = MAX_TRIES  # compared once
-        found = _check(groups, watch)
-    if found:
-        from rngaudit.epochs import order_check
+        sources = _stream_sources(optimizer)
+        found = _check(groups, watch, sources)
+    from rngaudit.epochs import order_check
 
-        with contextlib.suppress(Exception):
-            watch.session.add_check("replicas' weights at the first optimizer step", found)
-        order_check._act(found, watch, "replicas' weights at the first optimizer step")
+    for label, part in (
+        (STREAMS_LABEL, [f for f in found if f.kind == fk.REPLICA_STREAMS_IDENTICAL]),
+        (WEIGHTS_LABEL, [f for f in found if f.kind != fk.REPLICA_STREAMS_IDENTICAL]),
+    ):
+        if part:
+            with contextlib.suppress(Exception):
+                watch.session.add_check(label, part)
+            order_check._act(part, watch, label)
 
 
 def _replicated(optimizer: Any) -> dict[tuple[int, ...], dict[str, tuple[str, Any]]]:
@@ -246,7 +271,13 @@ def digest(tensor: Any) -> str:
     return h.hexdigest()
 
 
-def _check(groups: dict[tuple[int, ...], dict[str, tuple[str, Any]]], watch: Any) -> list[Finding]:
+def _check(
+    groups: dict[tuple[int, ...], dict[str, tuple[str, Any]]],
+    watch: Any,
+    sources: dict[tuple[int, ...], dict[str, Any]] | None = None,
+) -> list[Finding]:
+    """Each group's digests compared (``sources``: group -> this rank's stream, published
+    with them)."""
     where = exchange.distributed()
     if where is None:
         return []
@@ -260,7 +291,10 @@ def _check(groups: dict[tuple[int, ...], dict[str, tuple[str, Any]]], watch: Any
         try:
             mine = {k: digest(t) for k, (_, t) in params.items()}
             inits = _init_sites(watch.session)
-            published = _swap(ranks, rank, {"digests": mine, "inits": inits}, timeout)
+            payload: dict[str, Any] = {"digests": mine, "inits": inits}
+            if sources and ranks in sources:
+                payload["streams"] = sources[ranks]
+            published = _swap(ranks, rank, payload, timeout)
         except Exception:
             log.warning("rngaudit: the replicas' weights could not be compared", exc_info=True)
             continue
@@ -286,6 +320,12 @@ def _check(groups: dict[tuple[int, ...], dict[str, tuple[str, Any]]], watch: Any
             said = sorted({params[k][0] for k in differ})
             sites = _differing_sites({r: dict(p.get("inits") or {}) for r, p in published.items()})
             found.append(_finding(list(ranks), differ, len(mine), said, sites))
+        with contextlib.suppress(Exception):
+            streams = {r: p.get("streams") for r, p in published.items()}
+            stated = layout.current(int(where[1]))
+            info = streams_finding(list(ranks), streams, stated.replica if stated else None)
+            if info is not None:
+                found.append(info)
     return found
 
 
@@ -383,5 +423,123 @@ def _finding(
             "parameters": differ,
             "replicated_as": said,
             "init_call_sites": sites,
+        },
+    )
+
+
+def _stream_sources(optimizer: Any) -> dict[tuple[int, ...], dict[str, Any]]:
+    """Group ranks -> this rank's stream where the step draws: a DDP (or FSDP1 ``NO_SHARD``)
+    module holding the optimizer's parameters with a stochastic module in training mode
+    (dropout, p > 0): the generator it draws from (its device's default one), that
+    generator's state now, and the modules. Read only (never a draw); empty when none."""
+    from rngaudit.epochs import observed
+
+    out: dict[tuple[int, ...], dict[str, Any]] = {}
+    with contextlib.suppress(Exception):
+        held = {id(p) for g in optimizer.param_groups for p in g.get("params", [])}
+        for module in list(observed._FOUND.values()):
+            with contextlib.suppress(Exception):
+                kind = type(module).__name__
+                if kind == "DistributedDataParallel":
+                    ranks = _ranks_of(getattr(module, "process_group", None))
+                elif kind == "FullyShardedDataParallel":
+                    strategy = getattr(getattr(module, "sharding_strategy", None), "name", "")
+                    if strategy != "NO_SHARD":
+                        continue  # sharded: no replicated parameters, no exchange to carry it
+                    ranks = _ranks_of(getattr(module, "process_group", None))
+                else:
+                    continue
+                params = list(module.parameters())
+                if ranks is None or not any(id(p) in held for p in params):
+                    continue
+                draws = _stochastic(module)
+                generator = _generator_of(params[0]) if draws else None
+                if generator is not None:
+                    name, state = generator
+                    out[ranks] = {"generator": name, "state": state, "draws": draws, "by": kind}
+    return out
+
+
+def _stochastic(module: Any) -> list[str]:
+    """The stochastic modules in training mode inside ``module`` (qualified name, class, p)."""
+    found: list[str] = []
+    for qual, sub in module.named_modules():
+        name = type(sub).__name__
+        if name not in STOCHASTIC or not getattr(sub, "training", False):
+            continue
+        p = getattr(sub, "p", None)
+        if isinstance(p, int | float) and p <= 0:
+            continue  # dropout with p=0 draws nothing
+        found.append(f"{qual or '(the module)'} ({name}{f', p={p:g}' if p is not None else ''})")
+        if len(found) >= MAX_DRAWS:
+            break
+    return found
+
+
+def _generator_of(param: Any) -> tuple[str, str] | None:
+    """The name and state fingerprint of the default generator of a parameter's device (what
+    its module's dropout draws from): torch's CPU one, or CUDA's for that device."""
+    from rngaudit.capture import fingerprint, naming
+
+    torch = sys.modules["torch"]
+    device = param.device
+    if device.type == "cpu":
+        return naming.TORCH_DEFAULT, fingerprint.torch_generator(torch.default_generator)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        gen = torch.cuda.default_generators[index]
+        return naming.cuda_default(index), fingerprint.torch_generator(gen)
+    return None
+
+
+def streams_finding(
+    ranks: list[int], streams: dict[int, Any], replica: dict[int, int] | None
+) -> Finding | None:
+    """Information when replicas of one group, every one of whose training step draws,
+    hold identical states of the generator it draws from. ``streams``: rank -> what it
+    published (None where its step draws nothing: no finding); ``replica``: the layout's rank
+    -> replica (ranks of one replica are peers, meant to share a stream; None: every rank its
+    own replica)."""
+    if len(ranks) < 2 or any(not isinstance(streams.get(r), dict) for r in ranks):
+        return None
+    shared: dict[tuple[str, str], list[int]] = {}
+    for r in ranks:
+        s = streams[r]
+        shared.setdefault((str(s.get("generator")), str(s.get("state"))), []).append(r)
+    sharing = [
+        sorted(rs)
+        for rs in shared.values()
+        if len({replica.get(r, -1 - r) if replica else r for r in rs}) > 1
+    ]
+    if not sharing:
+        return None
+    sharing.sort()
+    generators = sorted({str(streams[g[0]].get("generator")) for g in sharing})
+    draws = list(streams[sharing[0][0]].get("draws") or [])
+    by = str(streams[sharing[0][0]].get("by") or "data-parallel")
+    who = "; ".join(", ".join(map(str, g)) for g in sharing)
+    shown = ", ".join(draws[:4]) + (", ..." if len(draws) > 4 else "")
+    message = (
+        f"Informational, not a problem: the data-parallel replicas of ranks {who} take "
+        f"different data but hold identical states of {' and '.join(generators)} at the first "
+        f"optimizer step, and their training step draws from it (the {by} module's {shown}; "
+        "the call site itself is not recorded: the step runs outside the audit window). They "
+        "apply the same dropout masks / noise to different samples. The average gradient is "
+        "not biased (the masks do not depend on the data), and one seed on every rank is what "
+        "accelerate's set_seed(seed), Lightning's seed_everything and transformers' Trainer "
+        "do by default; what is lost is the masks' independence across replicas."
+    )
+    return Finding(
+        kind=fk.REPLICA_STREAMS_IDENTICAL,
+        severity="info",
+        message=message,
+        ranks=sorted(r for g in sharing for r in g),
+        generator=generators[0],
+        remedy=STREAMS_REMEDY,
+        details={
+            "group": list(ranks),
+            "sharing": sharing,
+            "generators": generators,
+            "draws": draws,
         },
     )

@@ -19,6 +19,7 @@ import os
 import sys
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,6 +115,34 @@ def _wrapped_step(ctx: Ctx, model: Any) -> Callable[[Any], None]:
         x = torch.as_tensor(batch, dtype=torch.float32).view(-1, 1)
         model(x).sum().backward()
         ctx.stage = "optimizer"
+        opt.step()
+        opt.zero_grad()
+        ctx.optimizer_steps += 1
+        ctx.stage = "loop"
+
+    return step
+
+
+def _rng() -> str:
+    """A digest of torch's global CPU generator's state (read, never drawn)."""
+    return hashlib.blake2b(torch.get_rng_state().numpy().tobytes(), digest_size=8).hexdigest()
+
+
+def _stream_step(ctx: Ctx, model: Any) -> Callable[[Any], None]:
+    """The wrapped step, noting the generator's state before the first forward and at the
+    first optimizer step (the truth of what the step drew, and from which state)."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step(batch: Any) -> None:
+        first = not ctx.optimizer_steps
+        if first:
+            ctx.notes["rng_before_forward"] = _rng()
+        ctx.stage = "forward"
+        x = torch.as_tensor(batch, dtype=torch.float32).view(-1, 1)
+        model(x).sum().backward()
+        ctx.stage = "optimizer"
+        if first:
+            ctx.notes["rng_at_step"] = _rng()
         opt.step()
         opt.zero_grad()
         ctx.optimizer_steps += 1
@@ -284,6 +313,52 @@ def accelerate_rank_seeds(ctx: Ctx) -> Plan:
         ctx.stage = "loop"
 
     return Plan(_loader(ctx, sampler), sampler, step, model)
+
+
+# --------------------------------------------------------------------------- streams
+
+
+def _ddp_dropout(ctx: Ctx, dropout: bool, per_rank_after: bool) -> Plan:
+    torch.manual_seed(0)  # one seed on every rank (accelerate's set_seed(0)'s default)
+    drop = [torch.nn.Dropout(0.5)] if dropout else []
+    inner = torch.nn.Sequential(torch.nn.Linear(1, 8), *drop, torch.nn.Linear(8, 1))
+    model = torch.nn.parallel.DistributedDataParallel(inner)
+    if per_rank_after:  # what set_seed(0, device_specific=True) does, after the model
+        torch.manual_seed(0 + ctx.rank)
+    sampler = _world_sampler()
+    return Plan(_loader(ctx, sampler), sampler, _stream_step(ctx, model), model)
+
+
+def ddp_dropout_same_seed(ctx: Ctx) -> Plan:
+    """DDP with dropout, one seed on every rank: the replicas draw identical masks for
+    different samples (informational: the tools' default)."""
+    return _ddp_dropout(ctx, dropout=True, per_rank_after=False)
+
+
+def ddp_dropout_rank_seeds(ctx: Ctx) -> Plan:
+    """The same, seeded per rank after the model is built: a stream per replica."""
+    return _ddp_dropout(ctx, dropout=True, per_rank_after=True)
+
+
+def ddp_same_seed_no_dropout(ctx: Ctx) -> Plan:
+    """DDP, one seed on every rank, no dropout: the step draws nothing."""
+    return _ddp_dropout(ctx, dropout=False, per_rank_after=False)
+
+
+def mesh_ddp_dropout_same_seed(ctx: Ctx) -> Plan:
+    """The (dp, tp) mesh, DDP with dropout over its dp group, one seed on every rank: the
+    replicas (0, 2 and 1, 3) share a stream; so do the tp peers (0, 1 and 2, 3), as meant."""
+    mesh = _mesh()
+    dp = mesh["dp"]
+    torch.manual_seed(0)
+    inner = torch.nn.Sequential(
+        torch.nn.Linear(1, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 1)
+    )  # fmt: skip
+    model = torch.nn.parallel.DistributedDataParallel(inner, process_group=dp.get_group())
+    sampler: DistributedSampler[int] = DistributedSampler(
+        Items(), num_replicas=dp.size(), rank=dp.get_local_rank(), shuffle=True, seed=0
+    )
+    return Plan(_loader(ctx, sampler), sampler, _stream_step(ctx, model), model, keep=[mesh])
 
 
 def fsdp2_1d_rank_seeds(ctx: Ctx) -> Plan:
@@ -690,6 +765,9 @@ SCENARIOS: dict[str, Callable[[Ctx], Plan]] = {
     "fsdp1_no_shard_rank_seeds": fsdp1_no_shard_rank_seeds,
     "ddp_rank_seeds": ddp_rank_seeds,
     "accelerate_rank_seeds": accelerate_rank_seeds,
+    "ddp_dropout_same_seed": ddp_dropout_same_seed,
+    "ddp_dropout_rank_seeds": ddp_dropout_rank_seeds,
+    "ddp_same_seed_no_dropout": ddp_same_seed_no_dropout,
     "fsdp2_1d_rank_seeds": fsdp2_1d_rank_seeds,
     "hsdp_rank_seeds": hsdp_rank_seeds,
     "hsdp_same_seed": hsdp_same_seed,
@@ -699,6 +777,7 @@ SCENARIOS: dict[str, Callable[[Ctx], Plan]] = {
     "mesh_dp_sampler": mesh_dp_sampler,
     "mesh_default_sampler": mesh_default_sampler,
     "mesh_ddp_dp_sampler": mesh_ddp_dp_sampler,
+    "mesh_ddp_dropout_same_seed": mesh_ddp_dropout_same_seed,
     "accelerate_pc_dp_sampler": accelerate_pc_dp_sampler,
     "accelerate_pc_default_sampler": accelerate_pc_default_sampler,
     "titan_dims_dp_sampler": titan_dims_dp_sampler,
@@ -728,7 +807,29 @@ def _digest(model: Any) -> str:
     return h.hexdigest()
 
 
+def _session_findings(ctx: Ctx) -> list[dict[str, Any]]:
+    """The findings this process's audit session holds (none unaudited)."""
+    if ctx.how == "none":
+        return []
+    from rngaudit.ranks import session
+
+    found = session._sessions.get(ctx.report_dir.resolve())
+    return [dict(f.to_dict()) for f in found.findings] if found is not None else []
+
+
 def run_one(name: str, ctx: Ctx) -> dict[str, Any]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        before = len(_session_findings(ctx))
+        out = _run_one(name, ctx)
+        out["findings"] = _session_findings(ctx)[before:]  # what this scenario added
+    out["rngaudit_warnings"] = [
+        str(w.message)[:300] for w in caught if w.category.__name__ == "RNGAuditWarning"
+    ]
+    return out
+
+
+def _run_one(name: str, ctx: Ctx) -> dict[str, Any]:
     out: dict[str, Any] = {"batches": [], "raised": False}
     plan = None
     try:
