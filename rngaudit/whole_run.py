@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from rngaudit import config, peek
+from rngaudit import config, launcher, peek
 from rngaudit.capture.callsite import here
 from rngaudit.capture.instrument import torch_ops as instrument_torch
 from rngaudit.capture.patching import PatchSet
@@ -144,7 +144,7 @@ class WholeRun:
             return result
 
         def hook(module: Any) -> None:
-            if os.getpid() == self.pid:
+            if not launcher.forked_since(self.pid):
                 self.resume_hooks.wrap_path(module, f"{cls}.{method}", wrapper)
 
         return hook
@@ -152,7 +152,7 @@ class WholeRun:
     def _watch_forks(self, util: Any) -> None:
         """Children that multiprocessing forks call :meth:`forked` before their target runs
         (``util._run_after_forkers``: inherited by their own children too)."""
-        if os.getpid() == self.pid:
+        if not launcher.forked_since(self.pid):
             util.register_after_fork(self, WholeRun.forked)
 
     def forked(self) -> None:
@@ -161,7 +161,7 @@ class WholeRun:
         starts its own whole-run audit, as a process started with ``RNGAUDIT`` set does. Its
         exit runs multiprocessing's finalizers, not ``atexit``: the exit check is one of them.
         Never raises."""
-        if self.worker or os.getpid() == self.pid:
+        if self.worker or not launcher.forked_since(self.pid):
             return
         try:
             import multiprocessing
@@ -196,13 +196,13 @@ class WholeRun:
 
     def _hook(self, cls: str | None, method: str, wrapper: Any) -> Callable[[Any], None]:
         def hook(module: Any) -> None:
-            if os.getpid() == self.pid:  # routed while the window's ledger holds it
+            if not launcher.forked_since(self.pid):  # routed while the window's ledger holds it
                 self.patches.wrap_path(module, f"{cls}.{method}" if cls else method, wrapper)
 
         return hook
 
     def _install_monitor(self, module: Any) -> None:
-        if os.getpid() != self.pid or self.monitor is not None or self.worker:
+        if launcher.forked_since(self.pid) or self.monitor is not None or self.worker:
             return
         from rngaudit.workers.monitor import WorkerMonitor
 
@@ -236,7 +236,7 @@ class WholeRun:
         if (
             self.window_open
             and not RECORDER.busy()
-            and os.getpid() == self.pid
+            and not launcher.forked_since(self.pid)
             and self._ends_window(instance)
         ):
             self.close_window("first DataLoader iteration")
@@ -246,7 +246,7 @@ class WholeRun:
         """The training loader's first iteration ends the window: in a distributed run, a
         sharded loader that shuffles (or a sequential one's second epoch); evaluation, sanity
         check and unsharded loaders are recorded, not an end. Alone, any loader ends it."""
-        if exchange.distributed() is None and exchange.launched_world_size() <= 1:
+        if exchange.distributed() is None and launcher.world_size() <= 1:
             return True
         if not sharding.loader_is_sharded(loader):
             # a shuffled loader over a split or shard of its own (``Subset(ds, order[rank::
@@ -265,7 +265,7 @@ class WholeRun:
         """An epoch's check is about to raise on every rank: conclude the open window first
         (every rank's record, with its events, in the report) and keep recording. (The check
         runs with the recorder paused: no busy test here.)"""
-        if self.window_open and os.getpid() == self.pid:
+        if self.window_open and not launcher.forked_since(self.pid):
             self.checkpoint(
                 f"before raising at {label}",
                 timeout=min(self.settings.timeout, EXIT_TIMEOUT),
@@ -276,7 +276,11 @@ class WholeRun:
         self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kw: dict[str, Any]
     ) -> Any:
         """Before the process group goes, compare what is still open (all ranks call this)."""
-        if self.window_open and os.getpid() == self.pid and exchange.process_group() is not None:
+        if (
+            self.window_open
+            and not launcher.forked_since(self.pid)
+            and exchange.process_group() is not None
+        ):
             self._final("destroy_process_group()")
         return wrapped(*args, **kw)
 
@@ -326,7 +330,7 @@ class WholeRun:
     def at_exit(self) -> None:
         """Leave a report also for ranks that never prepared nor iterated (but joined a
         process group); a process that is not a rank leaves nothing."""
-        if os.getpid() != self.pid or self.worker:
+        if launcher.forked_since(self.pid) or self.worker:
             return
         if self.window_open:
             if exchange.process_group() is not None:

@@ -183,11 +183,3 @@ def test_ctrl_c_anywhere_in_the_exchange_tells_the_other_rank_at_once(at: int) -
     assert (other.kind, other.interrupted) == ("interrupted", [0])
     assert time.monotonic() - start < 2.0  # told, not left to time out
     assert int(store.real.add(exchange.WAITING, 0)) == 0  # nobody counted as still waiting
-
-
-def test_the_launchers_rank_and_world_size_are_read_once_and_never_raise() -> None:
-    assert exchange.launched_rank({"RANK": "3"}) == 3
-    assert exchange.launched_world_size({"WORLD_SIZE": "8"}) == 8
-    for bad in ({}, {"RANK": "", "WORLD_SIZE": ""}, {"RANK": "x", "WORLD_SIZE": "-2"}):
-        assert exchange.launched_rank(bad) == 0
-        assert exchange.launched_world_size(bad) == 1

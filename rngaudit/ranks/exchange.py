@@ -6,7 +6,6 @@ import atexit
 import contextlib
 import hashlib
 import json
-import os
 import sys
 import threading
 import time
@@ -16,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, ClassVar, NamedTuple
 
-from rngaudit import forksafe
+from rngaudit import forksafe, launcher
 from rngaudit.errors import RNGAuditStoreError
 
 KEY_PREFIX = "rngaudit"
@@ -60,26 +59,10 @@ def process_group() -> tuple[int, int] | None:
     return int(dist.get_rank()), int(dist.get_world_size())
 
 
-def launched_rank(environ: Mapping[str, str] | None = None) -> int:
-    """The rank the launcher announced (``RANK``), 0 when absent or unreadable."""
-    try:
-        return max(0, int((os.environ if environ is None else environ).get("RANK", "") or 0))
-    except ValueError:
-        return 0
-
-
-def launched_world_size(environ: Mapping[str, str] | None = None) -> int:
-    """The world size the launcher announced (``WORLD_SIZE``), 1 when absent or unreadable."""
-    try:
-        return max(1, int((os.environ if environ is None else environ).get("WORLD_SIZE", "") or 1))
-    except ValueError:
-        return 1
-
-
 def current_rank() -> int:
     """This process's rank: the process group's when one exists, else the launcher's."""
     where = process_group()
-    return launched_rank() if where is None else where[0]
+    return launcher.rank() if where is None else where[0]
 
 
 def distributed() -> tuple[int, int] | None:
@@ -99,10 +82,8 @@ def _store() -> Any:
     store), and keys an earlier attempt left there must not answer this one's exchanges."""
     from torch.distributed import distributed_c10d
 
-    from rngaudit.config import restart_attempt
-
     store = distributed_c10d._get_default_store()
-    attempt = restart_attempt()
+    attempt = launcher.restart_attempt()
     if attempt == 0:
         return store
     cached = _PREFIXED.get(id(store))
@@ -261,16 +242,10 @@ def store_lost(exc: BaseException) -> bool:
     return type(exc).__name__ == "DistNetworkError" or isinstance(exc, ConnectionError)
 
 
-def store_host() -> int | None:
-    """The rank that hosts the process group's store: 0, unless a launcher hosts it
-    (torchrun's agent: ``TORCHELASTIC_USE_AGENT_STORE``)."""
-    return None if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" else 0
-
-
 def unreachable(rank: int, cause: BaseException) -> RNGAuditStoreError:
     """The error of ``rank`` that lost the store in an exchange."""
-    host = store_host()
-    where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+    host = launcher.store_host()
+    where = launcher.store_address()
     who = (
         f"rank {host} (the store host, at {where}) is unreachable: it died or left during the audit"
         if host is not None
