@@ -16,6 +16,7 @@ from rngaudit.capture.recorder import RECORDER, Window
 from rngaudit.epochs import order_check, partition, sharding
 from rngaudit.errors import ConfigError
 from rngaudit.ranks import exchange, session
+from rngaudit.ranks import store as protocol
 from rngaudit.reports.model import AuditReport
 
 log = logging.getLogger("rngaudit")
@@ -341,7 +342,7 @@ class WholeRun:
                 self.window_open = False
                 self._detach()
         self.session.at_exit()
-        exchange.settle()  # a store wait of the exit exchange still live aborts finalization
+        protocol.settle()  # a store wait of the exit exchange still live aborts finalization
 
     def _final(self, label: str) -> None:
         """The last checkpoint: it never raises (the run is ending); a verdict goes to stderr."""

@@ -387,15 +387,15 @@ def test_restart_attempt_exchanges_do_not_see_earlier_attempts_keys(
     import torch.distributed as dist
     from torch.distributed import distributed_c10d
 
-    from rngaudit.ranks import exchange
+    from rngaudit.ranks import store as protocol
 
     shared = dist.HashStore()  # type: ignore[attr-defined]
     monkeypatch.setattr(distributed_c10d, "_get_default_store", lambda: shared)
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
-    exchange._store().set("rngaudit/a/x/0/decision", b"attempt 0")
+    protocol.default().set("rngaudit/a/x/0/decision", b"attempt 0")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
-    view = exchange._store()
-    assert view is exchange._store()  # one view per store (PENDING keys on its id)
+    view = protocol.default()
+    assert view is protocol.default()  # one view per store (PENDING keys on its id)
     assert not view.check(["rngaudit/a/x/0/decision"])
     view.set("rngaudit/a/x/0/decision", b"attempt 1")
     assert shared.get("rngaudit/a/x/0/decision") == b"attempt 0"

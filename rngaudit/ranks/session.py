@@ -21,6 +21,7 @@ from rngaudit.errors import (
 )
 from rngaudit.findings import Finding, verdict_of
 from rngaudit.ranks import exchange, rules
+from rngaudit.ranks import store as protocol
 from rngaudit.ranks.policy import act
 from rngaudit.reports import files
 from rngaudit.reports.model import SCHEMA_VERSION, AuditReport
@@ -160,7 +161,7 @@ class Session:
             self.rank, self.world_size = where
             self.joined = True
             if not self.agreed and where[1] > 1:
-                agreed = exchange.agree(f"run-id/{self.report_dir}", self.run_id)
+                agreed = protocol.agree(protocol.run_id(self.report_dir), self.run_id)
                 if agreed:
                     self.run_id, self.agreed = agreed, True
         elif not self.joined:
@@ -250,7 +251,7 @@ class Session:
         with _lock:
             occurrence = _occurrences.get(name, 0)
             _occurrences[name] = occurrence + 1
-        key = exchange.audit_key(name, occurrence) if exchange.distributed() else "local"
+        key = protocol.audit(name, occurrence) if exchange.distributed() else "local"
         info = {"label": label, "mode": declared, "raised": record.get("exception")}
         if how.interrupted:
             info["left"] = how.left or record.get("exception") or "KeyboardInterrupt"
