@@ -6,7 +6,7 @@ import atexit
 import hashlib
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from typing import Any, ClassVar
 
@@ -149,7 +149,7 @@ def count(store: Any, name: str, by: int = 1) -> int:
     return int(store.add(name, by))
 
 
-def get_all(store: Any, keys: list[Key] | list[str]) -> list[bytes]:
+def get_all(store: Any, keys: Sequence[str]) -> list[bytes]:
     """The values of ``keys`` (all set), in one round trip where the store can."""
     if not keys:
         return []
@@ -167,7 +167,7 @@ def delete(store: Any, keys: Iterable[str]) -> None:
             return
 
 
-def read_by_all(store: Any, base: Key, keys: list[Key], readers: int) -> None:
+def read_by_all(store: Any, base: Key, keys: Sequence[str], readers: int) -> None:
     """This rank has read ``keys``: the last of ``readers`` to say so deletes them (and the
     counter ``base/read``)."""
     if count(store, base / "read") == readers:
