@@ -15,7 +15,7 @@ from rngaudit.capture.patching import PatchSet
 from rngaudit.capture.recorder import RECORDER, Window
 from rngaudit.epochs import order_check, partition, sharding
 from rngaudit.errors import ConfigError
-from rngaudit.ranks import exchange, session
+from rngaudit.ranks import exchange, group_end, session
 from rngaudit.ranks import store as protocol
 from rngaudit.reports.model import AuditReport
 
@@ -29,11 +29,6 @@ END_LABELS = ("first DataLoader iteration", "destroy_process_group()", "process 
 PREPARE_HOOKS = (
     ("accelerate.accelerator", "Accelerator", "prepare", "Accelerator.prepare"),
     ("accelerate.data_loader", None, "prepare_data_loader", "prepare_data_loader"),
-)
-# Called by every rank at the end of a run: ranks compare there if the window is still open.
-DESTROY_HOOKS = (
-    ("torch.distributed", None, "destroy_process_group"),
-    ("torch.distributed.distributed_c10d", None, "destroy_process_group"),
 )
 # The loops a forked DataLoader worker runs: such a child stays passive (it inherited the
 # parent's pid, so every hook ignores it); any other child multiprocessing forks starts its own
@@ -120,8 +115,10 @@ class WholeRun:
             self.patches.when_imported(module, self._hook(cls, method, self._prepare(label)))
         for module, cls, method in ITERATION_HOOKS:
             self.patches.when_imported(module, self._hook(cls, method, self._iteration))
-        for module, cls, method in DESTROY_HOOKS:
-            self.patches.when_imported(module, self._hook(cls, method, self._destroy))
+        # Called by every rank at the end of a run: ranks compare there if the window is open
+        # (the group's end, step "window"; forgotten when the window's ledger is undone).
+        group_end.before_destroy(group_end.WINDOW, self._destroy)
+        self.patches.add_undo(lambda: group_end.forget_destroy(group_end.WINDOW))
 
     def _resume_hook(self, cls: str, method: str, label: str) -> Callable[[Any], None]:
         def wrapper(

@@ -15,7 +15,6 @@ The hook and the wrapper are undone at exit.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import hashlib
 import logging
@@ -28,7 +27,7 @@ from rngaudit import forksafe
 from rngaudit.capture.patching import PatchSet
 from rngaudit.capture.recorder import RECORDER
 from rngaudit.findings import Finding
-from rngaudit.ranks import exchange
+from rngaudit.ranks import exchange, group_end
 from rngaudit.ranks import store as protocol
 
 log = logging.getLogger("rngaudit")
@@ -69,7 +68,7 @@ def arm(watch: Any) -> None:
         _watch[0] = watch
         _patches.when_imported("torch.optim.optimizer", _on_optim)
         _patches.when_imported("torch.distributed", _on_dist)
-        atexit.register(disarm)
+        group_end.at_exit(group_end.REPLICAS, disarm)
 
 
 def disarm() -> None:

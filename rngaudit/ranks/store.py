@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import threading
 import time
@@ -12,6 +11,7 @@ from typing import Any, ClassVar
 
 from rngaudit import forksafe, launcher
 from rngaudit.errors import RNGAuditStoreError
+from rngaudit.ranks import group_end
 
 PREFIX = "rngaudit"
 SLICE = 0.2  # seconds per wait: a KeyboardInterrupt surfaces within one slice
@@ -181,7 +181,7 @@ class Waiter:
 
     _idle: ClassVar[dict[int, list[Any]]] = {}  # free clones per store (id)
     live: ClassVar[set[Waiter]] = set()  # threads still inside the store's wait
-    _settling: ClassVar[bool] = False  # settle_all registered with atexit
+    _settling: ClassVar[bool] = False  # settle_all registered as an end step
     _lock: ClassVar[Any] = forksafe.lock()
 
     def __init__(self, store: Any, name: str, seconds: float) -> None:
@@ -200,8 +200,8 @@ class Waiter:
                 self.clone = None
         if self.clone is not None:
             with self._lock:
-                if not Waiter._settling:  # once per process (runs before earlier hooks: LIFO)
-                    atexit.register(Waiter.settle_all)
+                if not Waiter._settling:  # once per process: the group's end, step "waits"
+                    group_end.at_exit(group_end.WAITS, Waiter.settle_all)
                     Waiter._settling = True
                 self.live.add(self)
             threading.Thread(target=self._run, args=(seconds,), daemon=True).start()
@@ -240,8 +240,8 @@ class Waiter:
 
 
 def settle(seconds: float = 1.0) -> None:
-    """At the end of an exit hook that exchanged: let the store waits it started return (see
-    :meth:`Waiter.settle_all`, which atexit already ran if a waiter was made before the hook)."""
+    """At the end of an exit step that exchanged: let the store waits it started return (see
+    :meth:`Waiter.settle_all`, which the step "waits" ran before it)."""
     Waiter.settle_all(seconds)
 
 
