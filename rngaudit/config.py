@@ -8,9 +8,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from rngaudit import launcher
 from rngaudit.errors import ConfigError, RNGAuditWarning
 
-# Every environment variable rngaudit reads.
+# Every environment variable of rngaudit's own (what the launcher sets: rngaudit.launcher).
 ENV_MODE = "RNGAUDIT"  # 1|raise|warn|report switch the whole run on; unset or 0: off
 ENV_REPORT_DIR = "RNGAUDIT_REPORT_DIR"  # where reports go (default ./rngaudit-report)
 ENV_TIMEOUT = "RNGAUDIT_TIMEOUT"  # seconds a rank waits for the others (default 120)
@@ -137,23 +138,10 @@ def resolve(
     )
 
 
-ENV_RESTART = "TORCHELASTIC_RESTART_COUNT"  # torchrun's restart attempt (0 the first)
-
-
-def restart_attempt(environ: Mapping[str, str] | None = None) -> int:
-    """The torchelastic restart attempt of this process (``--max-restarts``): 0 when the
-    variable is absent or unreadable."""
-    value = (os.environ if environ is None else environ).get(ENV_RESTART, "")
-    try:
-        return max(0, int(value or 0))
-    except ValueError:
-        return 0
-
-
 def attempt_dir(report_dir: Path, environ: Mapping[str, str] | None = None) -> Path:
     """Where a restart attempt writes: the first in ``report_dir``, attempt N in
     ``report_dir/attempt-N``, so no attempt moves or overwrites another's files."""
-    attempt = restart_attempt(environ)
+    attempt = launcher.restart_attempt(environ)
     return report_dir / f"attempt-{attempt}" if attempt > 0 else report_dir
 
 

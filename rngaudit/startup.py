@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import sys
@@ -57,11 +56,12 @@ def process_startup(environ: dict[str, str] | None = None) -> Any:
         _say(f"{_one_line(exc)}; running unaudited")
         return None
     try:
+        from rngaudit.ranks import group_end
         from rngaudit.whole_run import WholeRun
 
         CONTROLLER = WholeRun(settings)
         CONTROLLER.arm()
-        atexit.register(CONTROLLER.at_exit)
+        group_end.at_exit(group_end.WINDOW, CONTROLLER.at_exit)
         PATCHES.when_imported(WORKER_MODULE, _watch_worker_loop)
     except Exception as exc:
         _say(f"could not start ({_one_line(exc, repr)}); running unaudited")

@@ -8,14 +8,15 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from rngaudit import config, peek
+from rngaudit import config, launcher, peek
 from rngaudit.capture.callsite import here
 from rngaudit.capture.instrument import torch_ops as instrument_torch
 from rngaudit.capture.patching import PatchSet
 from rngaudit.capture.recorder import RECORDER, Window
 from rngaudit.epochs import order_check, partition, sharding
 from rngaudit.errors import ConfigError
-from rngaudit.ranks import exchange, session
+from rngaudit.ranks import exchange, group_end, session
+from rngaudit.ranks import store as protocol
 from rngaudit.reports.model import AuditReport
 
 log = logging.getLogger("rngaudit")
@@ -28,11 +29,6 @@ END_LABELS = ("first DataLoader iteration", "destroy_process_group()", "process 
 PREPARE_HOOKS = (
     ("accelerate.accelerator", "Accelerator", "prepare", "Accelerator.prepare"),
     ("accelerate.data_loader", None, "prepare_data_loader", "prepare_data_loader"),
-)
-# Called by every rank at the end of a run: ranks compare there if the window is still open.
-DESTROY_HOOKS = (
-    ("torch.distributed", None, "destroy_process_group"),
-    ("torch.distributed.distributed_c10d", None, "destroy_process_group"),
 )
 # The loops a forked DataLoader worker runs: such a child stays passive (it inherited the
 # parent's pid, so every hook ignores it); any other child multiprocessing forks starts its own
@@ -119,8 +115,10 @@ class WholeRun:
             self.patches.when_imported(module, self._hook(cls, method, self._prepare(label)))
         for module, cls, method in ITERATION_HOOKS:
             self.patches.when_imported(module, self._hook(cls, method, self._iteration))
-        for module, cls, method in DESTROY_HOOKS:
-            self.patches.when_imported(module, self._hook(cls, method, self._destroy))
+        # Called by every rank at the end of a run: ranks compare there if the window is open
+        # (the group's end, step "window"; forgotten when the window's ledger is undone).
+        group_end.before_destroy(group_end.WINDOW, self._destroy)
+        self.patches.add_undo(lambda: group_end.forget_destroy(group_end.WINDOW))
 
     def _resume_hook(self, cls: str, method: str, label: str) -> Callable[[Any], None]:
         def wrapper(
@@ -144,7 +142,7 @@ class WholeRun:
             return result
 
         def hook(module: Any) -> None:
-            if os.getpid() == self.pid:
+            if not launcher.forked_since(self.pid):
                 self.resume_hooks.wrap_path(module, f"{cls}.{method}", wrapper)
 
         return hook
@@ -152,7 +150,7 @@ class WholeRun:
     def _watch_forks(self, util: Any) -> None:
         """Children that multiprocessing forks call :meth:`forked` before their target runs
         (``util._run_after_forkers``: inherited by their own children too)."""
-        if os.getpid() == self.pid:
+        if not launcher.forked_since(self.pid):
             util.register_after_fork(self, WholeRun.forked)
 
     def forked(self) -> None:
@@ -161,7 +159,7 @@ class WholeRun:
         starts its own whole-run audit, as a process started with ``RNGAUDIT`` set does. Its
         exit runs multiprocessing's finalizers, not ``atexit``: the exit check is one of them.
         Never raises."""
-        if self.worker or os.getpid() == self.pid:
+        if self.worker or not launcher.forked_since(self.pid):
             return
         try:
             import multiprocessing
@@ -196,13 +194,13 @@ class WholeRun:
 
     def _hook(self, cls: str | None, method: str, wrapper: Any) -> Callable[[Any], None]:
         def hook(module: Any) -> None:
-            if os.getpid() == self.pid:  # routed while the window's ledger holds it
+            if not launcher.forked_since(self.pid):  # routed while the window's ledger holds it
                 self.patches.wrap_path(module, f"{cls}.{method}" if cls else method, wrapper)
 
         return hook
 
     def _install_monitor(self, module: Any) -> None:
-        if os.getpid() != self.pid or self.monitor is not None or self.worker:
+        if launcher.forked_since(self.pid) or self.monitor is not None or self.worker:
             return
         from rngaudit.workers.monitor import WorkerMonitor
 
@@ -236,7 +234,7 @@ class WholeRun:
         if (
             self.window_open
             and not RECORDER.busy()
-            and os.getpid() == self.pid
+            and not launcher.forked_since(self.pid)
             and self._ends_window(instance)
         ):
             self.close_window("first DataLoader iteration")
@@ -246,7 +244,7 @@ class WholeRun:
         """The training loader's first iteration ends the window: in a distributed run, a
         sharded loader that shuffles (or a sequential one's second epoch); evaluation, sanity
         check and unsharded loaders are recorded, not an end. Alone, any loader ends it."""
-        if exchange.distributed() is None and exchange.launched_world_size() <= 1:
+        if exchange.distributed() is None and launcher.world_size() <= 1:
             return True
         if not sharding.loader_is_sharded(loader):
             # a shuffled loader over a split or shard of its own (``Subset(ds, order[rank::
@@ -265,7 +263,7 @@ class WholeRun:
         """An epoch's check is about to raise on every rank: conclude the open window first
         (every rank's record, with its events, in the report) and keep recording. (The check
         runs with the recorder paused: no busy test here.)"""
-        if self.window_open and os.getpid() == self.pid:
+        if self.window_open and not launcher.forked_since(self.pid):
             self.checkpoint(
                 f"before raising at {label}",
                 timeout=min(self.settings.timeout, EXIT_TIMEOUT),
@@ -276,7 +274,11 @@ class WholeRun:
         self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kw: dict[str, Any]
     ) -> Any:
         """Before the process group goes, compare what is still open (all ranks call this)."""
-        if self.window_open and os.getpid() == self.pid and exchange.process_group() is not None:
+        if (
+            self.window_open
+            and not launcher.forked_since(self.pid)
+            and exchange.process_group() is not None
+        ):
             self._final("destroy_process_group()")
         return wrapped(*args, **kw)
 
@@ -326,7 +328,7 @@ class WholeRun:
     def at_exit(self) -> None:
         """Leave a report also for ranks that never prepared nor iterated (but joined a
         process group); a process that is not a rank leaves nothing."""
-        if os.getpid() != self.pid or self.worker:
+        if launcher.forked_since(self.pid) or self.worker:
             return
         if self.window_open:
             if exchange.process_group() is not None:
@@ -337,7 +339,7 @@ class WholeRun:
                 self.window_open = False
                 self._detach()
         self.session.at_exit()
-        exchange.settle()  # a store wait of the exit exchange still live aborts finalization
+        protocol.settle()  # a store wait of the exit exchange still live aborts finalization
 
     def _final(self, label: str) -> None:
         """The last checkpoint: it never raises (the run is ending); a verdict goes to stderr."""

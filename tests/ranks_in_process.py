@@ -1,7 +1,7 @@
 """Ranks in one process: a real world-1 gloo group, or ranks of a larger world on one real store.
 
 The epoch checks read their rank from ``exchange.distributed()`` and their store from
-``exchange._store()``: ``Ranks`` answers both (the rank it plays now, one real ``HashStore``
+``store.default()``: ``Ranks`` answers both (the rank it plays now, one real ``HashStore``
 for all), so one process plays each rank in turn and the test writes nothing but what a rank
 of the code under test writes.
 """
@@ -17,6 +17,7 @@ import pytest
 import torch.distributed as dist
 
 from rngaudit.ranks import exchange
+from rngaudit.ranks import store as protocol
 
 
 class Ranks:
@@ -27,7 +28,7 @@ class Ranks:
         self.world = world
         self.rank = 0
         monkeypatch.setattr(exchange, "distributed", lambda: (self.rank, self.world))
-        monkeypatch.setattr(exchange, "_store", lambda: self.store)
+        monkeypatch.setattr(protocol, "default", lambda: self.store)
 
     @contextlib.contextmanager
     def playing(self, rank: int) -> Iterator[None]:

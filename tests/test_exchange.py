@@ -10,6 +10,7 @@ import pytest
 from conftest import torchrun
 
 from rngaudit.ranks import exchange
+from rngaudit.ranks import store as protocol
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -74,7 +75,7 @@ class _RacingStore:
         import torch.distributed as dist
 
         self.real = dist.HashStore()  # type: ignore[attr-defined]
-        self.keys = exchange._Keys(key)
+        self.keys = protocol.ExchangeKeys(key)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.real, name)
@@ -86,7 +87,7 @@ class _RacingStore:
 
 
 def test_a_rank_leaving_on_ctrl_c_is_reported_interrupted_whoever_decides_first() -> None:
-    key = exchange.audit_key("audit at train.py:3", 0)
+    key = protocol.audit("audit at train.py:3", 0)
     store = _RacingStore(key)
     info = {"label": "audit at train.py:3", "mode": "raise"}
     exchange.publish(store, 0, 2, key, {"signature": "s"}, dict(info, raised=None))
@@ -126,14 +127,14 @@ def test_a_wait_left_on_ctrl_c_leaves_no_thread_inside_the_store() -> None:
     # A thread still in the store's C++ wait when the interpreter finalizes aborts the
     # process (std::terminate) after its work is done: every way out must end that wait.
     store = _CtrlCStore()
-    key = exchange.audit_key("audit at train.py:9", 0)
+    key = protocol.audit("audit at train.py:9", 0)
     exchange.publish(store, 0, 2, key, {"signature": "s"}, {"label": "x", "mode": "raise"})
     with pytest.raises(KeyboardInterrupt):
         exchange.collect(exchange.Seat(store, 0, 2), {"signature": "s"}, key, 60.0)
-    waiters = list(exchange._Waiter._live)
+    waiters = list(protocol.Waiter.live)
     assert all(w.done.wait(5.0) for w in waiters), "a waiter stayed in the store's wait"
-    assert not exchange._Waiter._live
-    decision = json.loads(bytes(store.real.get(exchange._Keys(key).decision)).decode())
+    assert not protocol.Waiter.live
+    decision = json.loads(bytes(store.real.get(protocol.ExchangeKeys(key).decision)).decode())
     assert decision["kind"] == "interrupted"
 
 
@@ -173,7 +174,7 @@ def test_ctrl_c_anywhere_in_the_exchange_tells_the_other_rank_at_once(at: int) -
     import time
 
     store = _CtrlCAtCall(at)
-    key = exchange.audit_key("audit at train.py:5", 0)
+    key = protocol.audit("audit at train.py:5", 0)
     info = {"label": "audit at train.py:5", "mode": "raise", "raised": None}
     with pytest.raises(KeyboardInterrupt):
         exchange.exchange_on(exchange.Seat(store, 0, 2), {"signature": "s"}, key, 3.0, info)
@@ -182,12 +183,4 @@ def test_ctrl_c_anywhere_in_the_exchange_tells_the_other_rank_at_once(at: int) -
     other = exchange.exchange_on(seat, {"signature": "s"}, key, 30.0, info)
     assert (other.kind, other.interrupted) == ("interrupted", [0])
     assert time.monotonic() - start < 2.0  # told, not left to time out
-    assert int(store.real.add(exchange.WAITING, 0)) == 0  # nobody counted as still waiting
-
-
-def test_the_launchers_rank_and_world_size_are_read_once_and_never_raise() -> None:
-    assert exchange.launched_rank({"RANK": "3"}) == 3
-    assert exchange.launched_world_size({"WORLD_SIZE": "8"}) == 8
-    for bad in ({}, {"RANK": "", "WORLD_SIZE": ""}, {"RANK": "x", "WORLD_SIZE": "-2"}):
-        assert exchange.launched_rank(bad) == 0
-        assert exchange.launched_world_size(bad) == 1
+    assert int(store.real.add(protocol.WAITING, 0)) == 0  # nobody counted as still waiting

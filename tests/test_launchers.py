@@ -21,6 +21,8 @@ from typing import Any, NamedTuple
 import pytest
 from conftest import run_python
 
+from rngaudit import launcher
+
 pytestmark = pytest.mark.timeout(300)
 
 FORK = "tests/frameworks/fork_train.py"
@@ -385,15 +387,37 @@ def test_restart_attempt_exchanges_do_not_see_earlier_attempts_keys(
     import torch.distributed as dist
     from torch.distributed import distributed_c10d
 
-    from rngaudit.ranks import exchange
+    from rngaudit.ranks import store as protocol
 
     shared = dist.HashStore()  # type: ignore[attr-defined]
     monkeypatch.setattr(distributed_c10d, "_get_default_store", lambda: shared)
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
-    exchange._store().set("rngaudit/a/x/0/decision", b"attempt 0")
+    protocol.default().set("rngaudit/a/x/0/decision", b"attempt 0")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
-    view = exchange._store()
-    assert view is exchange._store()  # one view per store (PENDING keys on its id)
+    view = protocol.default()
+    assert view is protocol.default()  # one view per store (PENDING keys on its id)
     assert not view.check(["rngaudit/a/x/0/decision"])
     view.set("rngaudit/a/x/0/decision", b"attempt 1")
     assert shared.get("rngaudit/a/x/0/decision") == b"attempt 0"
+
+
+def test_the_launchers_facts_are_read_in_one_place_and_never_raise() -> None:
+    env = {
+        "RANK": "3",
+        "WORLD_SIZE": "8",
+        "LOCAL_RANK": "1",
+        "TORCHELASTIC_RESTART_COUNT": "2",
+        "MASTER_ADDR": "node7",
+        "MASTER_PORT": "29500",
+    }
+    assert launcher.rank(env) == 3 and launcher.world_size(env) == 8
+    assert launcher.local_rank(env) == 1 and launcher.restart_attempt(env) == 2
+    assert launcher.store_host(env) == 0 and launcher.store_address(env) == "node7:29500"
+    assert launcher.store_host({"TORCHELASTIC_USE_AGENT_STORE": "True"}) is None
+    for bad in ({}, {"RANK": "", "WORLD_SIZE": ""}, {"RANK": "x", "WORLD_SIZE": "-2"}):
+        assert launcher.rank(bad) == 0 and launcher.world_size(bad) == 1
+        assert launcher.local_rank(bad) == 0 and launcher.restart_attempt(bad) == 0
+    assert launcher.restart_attempt({"TORCHELASTIC_RESTART_COUNT": "-1"}) == 0
+    assert launcher.store_address({}) == "?:?"
+    assert launcher.node() and not launcher.forked_since(os.getpid())
+    assert launcher.forked_since(os.getpid() + 1)

@@ -95,7 +95,7 @@ def test_no_file_holds_a_merge_conflict() -> None:
 # below leaves the TYPE_CHECKING ones out (they never run). Importing the root package
 # (``from rngaudit import __version__``) is no arrow: every import of a submodule runs it.
 KERNEL: tuple[str, ...] = ("errors", "config", "schema", "findings", "wording", "peek")
-KERNEL += ("library_samplers", "forksafe", "verdict")
+KERNEL += ("library_samplers", "forksafe", "verdict", "launcher")
 ENGINE = ("capture", "ranks", "epochs", "workers")
 LAYERS: dict[str, tuple[str, ...]] = {
     "kernel": (),  # shared by both halves: errors, settings, shapes, findings, wording
@@ -355,28 +355,13 @@ PRIVATE_USES = {use for m, p in MODULES.items() for use in private_uses(m, _tree
 # Uses of another module's _name being fixed (the epoch checks' split and the store protocol's
 # owner); remove an entry when its fix lands.
 KNOWN_PRIVATE = {
-    # the store protocol (keys, waits, deletes), to be one public module of ranks/
-    ("rngaudit.epochs.early", "rngaudit.ranks.exchange", "_store"),
-    ("rngaudit.epochs.first_step", "rngaudit.ranks.exchange", "_delete"),
-    ("rngaudit.epochs.first_step", "rngaudit.ranks.exchange", "_get_all"),
-    ("rngaudit.epochs.first_step", "rngaudit.ranks.exchange", "_store"),
-    ("rngaudit.epochs.observed", "rngaudit.ranks.exchange", "_Waiter"),
-    ("rngaudit.epochs.observed", "rngaudit.ranks.exchange", "_delete"),
-    ("rngaudit.epochs.observed", "rngaudit.ranks.exchange", "_get_all"),
-    ("rngaudit.epochs.observed", "rngaudit.ranks.exchange", "_store"),
-    ("rngaudit.epochs.unpublished", "rngaudit.ranks.exchange", "_store"),
-    ("rngaudit.ranks.replicas", "rngaudit.ranks.exchange", "_delete"),
-    ("rngaudit.ranks.replicas", "rngaudit.ranks.exchange", "_get_all"),
-    ("rngaudit.ranks.replicas", "rngaudit.ranks.exchange", "_store"),
     # the epoch checks' registries and waits, shared between the modules of EpochGuard's split
     ("rngaudit.epochs.first_step", "rngaudit.epochs.observed", "_FOUND"),
     ("rngaudit.epochs.first_step", "rngaudit.epochs.observed", "_GROUPS"),
     ("rngaudit.epochs.first_step", "rngaudit.epochs.observed", "_group_ranks"),
-    ("rngaudit.epochs.first_step", "rngaudit.epochs.observed", "_wait"),
     ("rngaudit.epochs.order_check", "rngaudit.epochs.first_step", "_group"),
     ("rngaudit.epochs.order_check", "rngaudit.epochs.observed", "_FOUND"),
     ("rngaudit.ranks.replicas", "rngaudit.epochs.observed", "_FOUND"),
-    ("rngaudit.ranks.replicas", "rngaudit.epochs.observed", "_wait"),
     ("rngaudit.ranks.replicas", "rngaudit.epochs.order_check", "_act"),
     # the sketch's packing of a hash sample, used by the keyed streams
     ("rngaudit.epochs.keyed", "rngaudit.epochs.sketch", "_pack"),

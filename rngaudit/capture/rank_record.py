@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import os
-import socket
 from typing import Any, Literal
 
-from rngaudit import library_samplers, peek, schema
+from rngaudit import launcher, library_samplers, peek, schema
 from rngaudit.capture import environment, event_log, framework, naming
 from rngaudit.capture.recorder import RECORDER, Recorder
 from rngaudit.epochs import partition, sharding
@@ -24,7 +23,7 @@ def rank_record(
     """This rank's record of one audit window, as it is exchanged and compared."""
     return {
         "pid": os.getpid(),
-        "host": socket.gethostname(),
+        "host": launcher.node(),
         "label": label,
         "events": events,
         "loaders": loaders,

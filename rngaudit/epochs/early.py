@@ -30,6 +30,7 @@ from typing import Any
 from rngaudit import peek
 from rngaudit.epochs import observed, partition
 from rngaudit.ranks import exchange
+from rngaudit.ranks import store as protocol
 
 log = logging.getLogger("rngaudit")
 
@@ -191,8 +192,8 @@ def publish(epoch: observed.Epoch, summary: dict[str, Any]) -> None:
     if where is None:
         return
     with contextlib.suppress(Exception):
-        store = exchange._store()
-        store.set(f"{observed.PREFIX}/{epoch.key}/{epoch.epoch}/end/{where[0]}",
+        store = protocol.default()
+        store.set(protocol.epoch(epoch.key, epoch.epoch) / "end" / where[0],
                   exchange.encode(summary))  # fmt: skip
 
 

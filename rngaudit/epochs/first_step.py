@@ -32,6 +32,7 @@ from rngaudit.capture.recorder import RECORDER
 from rngaudit.config import DEFAULT_TIMEOUT
 from rngaudit.epochs import ahead, observed
 from rngaudit.ranks import exchange
+from rngaudit.ranks import store as protocol
 
 log = logging.getLogger("rngaudit")
 
@@ -198,24 +199,21 @@ def _rendezvous(module: Any) -> None:
     timeout = max((float(s.epoch.watch.settings.timeout) for s in mine), default=DEFAULT_TIMEOUT)
     missing: list[int] = []
     try:
-        store = exchange._store()
-        base = f"{observed.PREFIX}/step/{key}/{n}"
-        store.set(f"{base}/{rank}", exchange.encode({"epochs": [s.record for s in mine]}))
-        keys = [f"{base}/{r}" for r in ranks]
+        store = protocol.default()
+        base = protocol.first_step(key, n)
+        store.set(base / rank, exchange.encode({"epochs": [s.record for s in mine]}))
+        keys = protocol.per_rank(base, ranks)
         if not mine:  # nothing of its own to compare: its (empty) record is all the others need
-            if store.add(f"{base}/read", 1) == len(ranks):
-                exchange._delete(store, [*keys, f"{base}/read"])
+            protocol.read_by_all(store, base, keys, len(ranks))
             return
-        observed._wait(store, keys, timeout)
-        arrived = [r for r, k in zip(ranks, keys, strict=True) if store.check([k])]
-        if len(arrived) < len(ranks):
+        missing = protocol.missing_after(store, base, ranks, timeout)
+        arrived = [r for r in ranks if r not in missing]
+        if missing:
             with _lock:
                 _given_up.add(key)
-            missing = [r for r in ranks if r not in arrived]
         else:
-            payloads = exchange._get_all(store, keys)
-            if store.add(f"{base}/read", 1) == len(ranks):
-                exchange._delete(store, [*keys, f"{base}/read"])
+            payloads = protocol.get_all(store, keys)
+            protocol.read_by_all(store, base, keys, len(ranks))
     except Exception:
         log.warning("rngaudit: the first-step comparison could not exchange", exc_info=True)
         return
@@ -341,9 +339,9 @@ def _advance(module: Any, follows: list[Follow]) -> None:
                 f.compare_at = f.forwards + 1
 
 
-def _base(f: Follow, forwards: int) -> str:
+def _base(f: Follow, forwards: int) -> protocol.Key:
     e = f.item.epoch
-    return f"{observed.PREFIX}/sofar/{f.group}/{e.key}/{e.epoch}/{forwards}"
+    return protocol.so_far(f.group, e.key, e.epoch, forwards)
 
 
 def _publish_so_far(module: Any, f: Follow) -> bool:
@@ -357,7 +355,7 @@ def _publish_so_far(module: Any, f: Follow) -> bool:
         return False
     record = dict(summary, training=f.item.record.get("training"))
     try:
-        exchange._store().set(f"{_base(f, f.forwards)}/{where[0]}", exchange.encode(record))
+        protocol.default().set(_base(f, f.forwards) / where[0], exchange.encode(record))
     except Exception:
         log.debug("rngaudit: could not publish an epoch so far", exc_info=True)
         _drop(module, f)
@@ -367,11 +365,11 @@ def _publish_so_far(module: Any, f: Follow) -> bool:
 
 def _compare_so_far(module: Any, f: Follow, forwards: int) -> None:
     base = _base(f, forwards)
-    keys = [f"{base}/{r}" for r in f.ranks]
+    keys = protocol.per_rank(base, f.ranks)
     try:
-        store = exchange._store()
-        observed._wait(store, keys, FOLLOW_WAIT)  # published before the step all-reduced
-        if not all(store.check([k]) for k in keys):
+        store = protocol.default()
+        # published before the step all-reduced
+        if protocol.missing_after(store, base, f.ranks, FOLLOW_WAIT):
             log.info(
                 "rngaudit: epoch %d of %s: not every rank published what it was handed by its "
                 "training forward %d; compared at the epoch's end",
@@ -379,9 +377,8 @@ def _compare_so_far(module: Any, f: Follow, forwards: int) -> None:
             )  # fmt: skip
             _drop(module, f)
             return
-        payloads = exchange._get_all(store, keys)
-        if store.add(f"{base}/read", 1) == len(f.ranks):
-            exchange._delete(store, [*keys, f"{base}/read"])
+        payloads = protocol.get_all(store, keys)
+        protocol.read_by_all(store, base, keys, len(f.ranks))
     except Exception:
         log.debug("rngaudit: could not compare an epoch so far", exc_info=True)
         _drop(module, f)

@@ -23,16 +23,16 @@ import gc
 import hashlib
 import logging
 import sys
-import time
 import weakref
 from dataclasses import dataclass
 from typing import Any
 
 from rngaudit.ranks import exchange
+from rngaudit.ranks import store as protocol
 
 log = logging.getLogger("rngaudit")
 
-PREFIX = "rngaudit/observed"
+PREFIX = protocol.key("observed")
 END_WAIT = 10.0  # seconds a rank waits at an epoch's end for ranks that all announced it
 MAX_PENDING = 64  # epochs kept for a later comparison, per process
 WAITED: collections.Counter[str] = collections.Counter()  # loader label -> epochs waited for
@@ -54,8 +54,8 @@ def loader_key(identity: str, chain: str, batch_size: Any, occurrence: int) -> s
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
-def _base(epoch: Epoch) -> str:
-    return f"{PREFIX}/{epoch.key}/{epoch.epoch}"
+def _base(epoch: Epoch) -> protocol.Key:
+    return protocol.epoch(epoch.key, epoch.epoch)
 
 
 def start(epoch: Epoch) -> None:
@@ -65,10 +65,10 @@ def start(epoch: Epoch) -> None:
     if where is None:
         return
     with contextlib.suppress(Exception):
-        store = exchange._store()
-        store.set(f"{_base(epoch)}/start/{where[0]}", b"1")
+        store = protocol.default()
+        store.set(_base(epoch) / "start" / where[0], b"1")
         if epoch.epoch == 0:
-            store.set(f"{PREFIX}/{epoch.key}/iterated/{where[0]}", b"1")
+            store.set(protocol.loader(epoch.key) / "iterated" / where[0], b"1")
 
 
 def finish(epoch: Epoch, summary: dict[str, Any]) -> list[dict[str, Any]] | None:
@@ -79,15 +79,15 @@ def finish(epoch: Epoch, summary: dict[str, Any]) -> list[dict[str, Any]] | None
     if where is None:
         return None
     world = where[1]
-    store = exchange._store()
+    store = protocol.default()
     base = _base(epoch)
     publish(epoch, summary)
-    starts = [f"{base}/start/{r}" for r in range(world)]
-    iterated = [f"{PREFIX}/{epoch.key}/iterated/{r}" for r in range(world)]
-    ends = [f"{base}/end/{r}" for r in range(world)]
+    starts = protocol.per_rank(base / "start", range(world))
+    iterated = protocol.per_rank(protocol.loader(epoch.key) / "iterated", range(world))
+    ends = protocol.per_rank(base / "end", range(world))
     if store.check(starts) or store.check(iterated):
         WAITED[epoch.label] += 1
-        _wait(store, ends, min(END_WAIT, float(epoch.watch.settings.timeout)))
+        protocol.wait_all(store, ends, min(END_WAIT, float(epoch.watch.settings.timeout)))
     return collect(epoch)
 
 
@@ -98,12 +98,12 @@ def announced(epoch: Epoch) -> list[dict[str, Any]] | None:
     where = exchange.distributed()
     if where is None:
         return None
-    store = exchange._store()
+    store = protocol.default()
     base = _base(epoch)
-    if store.check([f"{base}/start/{r}" for r in range(where[1])]):
+    if store.check(protocol.per_rank(base / "start", range(where[1]))):
         WAITED[epoch.label] += 1
-        ends = [f"{base}/end/{r}" for r in range(where[1])]
-        _wait(store, ends, min(END_WAIT, float(epoch.watch.settings.timeout)))
+        ends = protocol.per_rank(base / "end", range(where[1]))
+        protocol.wait_all(store, ends, min(END_WAIT, float(epoch.watch.settings.timeout)))
     return collect(epoch)
 
 
@@ -111,22 +111,7 @@ def publish(epoch: Epoch, summary: dict[str, Any]) -> None:
     """Publish what this rank took in ``epoch`` (never waits)."""
     where = exchange.distributed()
     if where is not None:
-        exchange._store().set(f"{_base(epoch)}/end/{where[0]}", exchange.encode(summary))
-
-
-def _wait(store: Any, keys: list[str], seconds: float) -> None:
-    """Until every key of ``keys`` is set or ``seconds`` passed: woken by the store as each
-    arrives (the exchange's waiter, in slices, so a KeyboardInterrupt surfaces)."""
-    deadline = time.monotonic() + seconds
-    for key in keys:
-        if store.check([key]):
-            continue
-        waiter = exchange._Waiter(store, key, max(0.0, deadline - time.monotonic()))
-        while not waiter.wait(min(exchange.SLICE, max(0.0, deadline - time.monotonic()))):
-            if time.monotonic() >= deadline:
-                return
-        if not waiter.found:
-            return
+        protocol.default().set(_base(epoch) / "end" / where[0], exchange.encode(summary))
 
 
 def collect(epoch: Epoch) -> list[dict[str, Any]] | None:
@@ -136,17 +121,16 @@ def collect(epoch: Epoch) -> list[dict[str, Any]] | None:
     if where is None:
         return None
     world = where[1]
-    store = exchange._store()
+    store = protocol.default()
     base = _base(epoch)
-    ends = [f"{base}/end/{r}" for r in range(world)]
+    ends = protocol.per_rank(base / "end", range(world))
     if not store.check(ends):
         return None
     out = []
-    for r, payload in enumerate(exchange._get_all(store, ends)):
+    for r, payload in enumerate(protocol.get_all(store, ends)):
         out.append(dict(exchange.decode(bytes(payload)), rank=r))
-    if store.add(f"{base}/read", 1) == world:
-        keys = [*ends, *(f"{base}/start/{r}" for r in range(world)), f"{base}/read"]
-        exchange._delete(store, keys)
+    starts = protocol.per_rank(base / "start", range(world))
+    protocol.read_by_all(store, base, [*ends, *starts], world)
     return out
 
 
@@ -191,7 +175,7 @@ def forget(epoch: Epoch) -> None:
         return
     base = _base(epoch)
     with contextlib.suppress(Exception):
-        exchange._delete(exchange._store(), [f"{base}/end/{where[0]}", f"{base}/start/{where[0]}"])
+        protocol.delete(protocol.default(), [base / "end" / where[0], base / "start" / where[0]])
 
 
 def data_parallel_groups(scan: bool) -> list[list[int]] | None:

@@ -12,7 +12,6 @@ Two class-level wrappers, installed while something is watched:
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import itertools
 import logging
@@ -45,7 +44,7 @@ from rngaudit.epochs import (
 )
 from rngaudit.errors import RNGAuditError
 from rngaudit.findings import Finding
-from rngaudit.ranks import exchange, layout, peers, replicas
+from rngaudit.ranks import exchange, group_end, layout, peers, replicas
 from rngaudit.ranks.policy import act, fails
 from rngaudit.reports.model import AuditReport
 from rngaudit.schema import DRAW
@@ -324,15 +323,12 @@ class EpochGuard:
         """This rank observes a loader no known class shards: before the process group goes
         (or at exit) it closes it and compares the epochs still waiting in ``later``."""
         try:
-            for name in _DESTROY_MODULES:
-                module = sys.modules.get(name)
-                if callable(getattr(module, "destroy_process_group", None)) and not (
-                    self.exit_patches.replaced(module, "destroy_process_group")
-                ):
-                    self.exit_patches.wrap(module, "destroy_process_group", self._destroy)
+            if not len(self.exit_patches):  # the group's end, step "epochs"
+                group_end.before_destroy(group_end.EPOCHS, self._destroy)
+                self.exit_patches.add_undo(lambda: group_end.forget_destroy(group_end.EPOCHS))
             if not self._exit_registered:
                 self._exit_registered = True
-                atexit.register(self._at_exit)
+                group_end.at_exit(group_end.EPOCHS, self._at_exit)
         except Exception:
             log.debug("rngaudit: could not watch destroy_process_group", exc_info=True)
 
@@ -1537,7 +1533,6 @@ def _planned_summary(planned: Any) -> dict[str, Any] | None:
         return None
 
 
-_DESTROY_MODULES = ("torch.distributed", "torch.distributed.distributed_c10d")
 _KEYED = "_rngaudit_keyed"  # an iterator's keyed epoch (in its __dict__)
 
 

@@ -19,13 +19,14 @@ from typing import Any
 
 from rngaudit.epochs import observed
 from rngaudit.ranks import exchange
+from rngaudit.ranks import store as protocol
 
 WAIT = 10.0  # seconds, in all, a closing rank waits for the others' publications
 _POLL = 0.02  # seconds between looks at the store while waiting
 
 
 def _closed(key: str, rank: int) -> str:
-    return f"{observed.PREFIX}/{key}/closed/{rank}"
+    return protocol.loader(key) / "closed" / rank
 
 
 def close(keys: list[str]) -> None:
@@ -34,7 +35,7 @@ def close(keys: list[str]) -> None:
     if where is None:
         return
     with contextlib.suppress(Exception):
-        store = exchange._store()
+        store = protocol.default()
         for key in keys:
             store.set(_closed(key, where[0]), b"1")
 
@@ -48,12 +49,12 @@ def settle(
     if where is None or not epochs:
         return []
     world = where[1]
-    store = exchange._store()
+    store = protocol.default()
     deadline = time.monotonic() + seconds
     out: list[tuple[observed.Epoch, list[dict[str, Any]] | None, list[int]]] = []
     for epoch in epochs:
-        base = f"{observed.PREFIX}/{epoch.key}/{epoch.epoch}"
-        iterated = [f"{observed.PREFIX}/{epoch.key}/iterated/{r}" for r in range(world)]
+        base = protocol.epoch(epoch.key, epoch.epoch)
+        iterated = protocol.per_rank(protocol.loader(epoch.key) / "iterated", range(world))
         if not store.check(iterated):
             observed.forget(epoch)  # some rank never iterated this loader: not compared
             continue
@@ -64,16 +65,16 @@ def settle(
         if got is not None:
             out.append((epoch, got, []))
             continue
-        missing = [r for r in range(world) if not store.check([f"{base}/end/{r}"])]
+        missing = [r for r in range(world) if not store.check([base / "end" / r])]
         observed.forget(epoch)
         out.append((epoch, None, missing))
     return out
 
 
-def _unsettled(store: Any, base: str, key: str, world: int) -> list[int]:
+def _unsettled(store: Any, base: protocol.Key, key: str, world: int) -> list[int]:
     """The ranks that have neither published the epoch under ``base`` nor closed."""
     return [
         r
         for r in range(world)
-        if not store.check([f"{base}/end/{r}"]) and not store.check([_closed(key, r)])
+        if not store.check([base / "end" / r]) and not store.check([_closed(key, r)])
     ]

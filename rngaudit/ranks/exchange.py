@@ -2,28 +2,21 @@
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import hashlib
 import json
-import os
 import sys
-import threading
 import time
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, NamedTuple
 
-from rngaudit import forksafe
-from rngaudit.errors import RNGAuditStoreError
+from rngaudit import launcher
+from rngaudit.ranks import store as protocol
 
-KEY_PREFIX = "rngaudit"
-SLICE = 0.2  # seconds per wait: a KeyboardInterrupt surfaces within one slice
 GRACE = 1.0  # the others wait this much longer than rank 0 before deciding without it
 FETCH_ALL_MAX = 64  # above this world size rank 0 fetches one record per group, like the others
-WAITING = f"{KEY_PREFIX}/waiting"  # how many ranks are inside an exchange now
 
 
 class Seat(NamedTuple):
@@ -60,26 +53,10 @@ def process_group() -> tuple[int, int] | None:
     return int(dist.get_rank()), int(dist.get_world_size())
 
 
-def launched_rank(environ: Mapping[str, str] | None = None) -> int:
-    """The rank the launcher announced (``RANK``), 0 when absent or unreadable."""
-    try:
-        return max(0, int((os.environ if environ is None else environ).get("RANK", "") or 0))
-    except ValueError:
-        return 0
-
-
-def launched_world_size(environ: Mapping[str, str] | None = None) -> int:
-    """The world size the launcher announced (``WORLD_SIZE``), 1 when absent or unreadable."""
-    try:
-        return max(1, int((os.environ if environ is None else environ).get("WORLD_SIZE", "") or 1))
-    except ValueError:
-        return 1
-
-
 def current_rank() -> int:
     """This process's rank: the process group's when one exists, else the launcher's."""
     where = process_group()
-    return launched_rank() if where is None else where[0]
+    return launcher.rank() if where is None else where[0]
 
 
 def distributed() -> tuple[int, int] | None:
@@ -88,40 +65,6 @@ def distributed() -> tuple[int, int] | None:
     if where is None or where[1] <= 1:
         return None
     return where
-
-
-_PREFIXED: dict[int, tuple[Any, Any]] = {}  # id(default store) -> (it, its attempt's view)
-
-
-def _store() -> Any:
-    """The default process group's store; in a torchrun restart attempt N > 0 its view under
-    ``rngaudit-attempt-N/``: the attempts may share one store (torch's shared rendezvous
-    store), and keys an earlier attempt left there must not answer this one's exchanges."""
-    from torch.distributed import distributed_c10d
-
-    from rngaudit.config import restart_attempt
-
-    store = distributed_c10d._get_default_store()
-    attempt = restart_attempt()
-    if attempt == 0:
-        return store
-    cached = _PREFIXED.get(id(store))
-    if cached is None or cached[0] is not store:  # one view per store: PENDING keys on its id
-        cached = _PREFIXED[id(store)] = (
-            store,
-            distributed_c10d.PrefixStore(f"rngaudit-attempt-{attempt}", store),
-        )
-    return cached[1]
-
-
-def agree(key: str, mine: str) -> str | None:
-    """The value every rank of the process group agrees on for ``key``: the first one set
-    (``compare_set`` never waits); None without a usable store."""
-    try:
-        value = _store().compare_set(f"rngaudit/agree/{key}", "", mine)
-    except Exception:  # no store, or one without compare_set: the caller waits for an exchange
-        return None
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def encode(record: Mapping[str, Any]) -> bytes:
@@ -133,12 +76,6 @@ def decode(payload: bytes) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError("rank record is not a JSON object")
     return data
-
-
-def audit_key(label: str, occurrence: int) -> str:
-    """The exchange key of the ``occurrence``-th audit opened at ``label`` on a rank."""
-    digest = hashlib.blake2b(label.encode("utf-8"), digest_size=8).hexdigest()
-    return f"a/{digest}/{occurrence}"
 
 
 def ranges(ranks: list[int]) -> list[list[int]]:
@@ -154,136 +91,6 @@ def ranges(ranks: list[int]) -> list[list[int]]:
 
 def unranges(spans: list[list[int]]) -> list[int]:
     return [r for lo, hi in spans for r in range(int(lo), int(hi) + 1)]
-
-
-class _Keys:
-    """Store keys of one exchange."""
-
-    def __init__(self, key: str) -> None:
-        self.base = f"{KEY_PREFIX}/{key}"
-        self.decision = f"{self.base}/decision"
-        self.count = f"{self.base}/count"
-        self.all = f"{self.base}/all"
-
-    def record(self, rank: int) -> str:
-        return f"{self.base}/record/{rank}"
-
-    def arrival(self, rank: int) -> str:
-        return f"{self.base}/arrival/{rank}"
-
-
-def _position(rank: int) -> str:
-    return f"{KEY_PREFIX}/at/{rank}"  # one slot per rank, overwritten: the exchange it is in
-
-
-def _get_all(store: Any, keys: list[str]) -> list[bytes]:
-    if not keys:
-        return []
-    if hasattr(store, "multi_get"):
-        return list(store.multi_get(keys))
-    return [store.get(k) for k in keys]
-
-
-class _Waiter:
-    """Waits for one key on a clone of the store, in a daemon thread, so the caller can wait in
-    short slices (a KeyboardInterrupt surfaces within one) without a store timeout, which c10d
-    logs as a warning, at every slice. Without ``clone()``, it polls ``check`` each slice."""
-
-    _idle: ClassVar[dict[int, list[Any]]] = {}  # free clones per store (id)
-    _live: ClassVar[set[_Waiter]] = set()  # threads still inside the store's wait
-    _settling: ClassVar[bool] = False  # settle_all registered with atexit
-    _lock: ClassVar[Any] = forksafe.lock()
-
-    def __init__(self, store: Any, key: str, seconds: float) -> None:
-        self.store, self.key = store, key
-        self.done = threading.Event()
-        self.found = False
-        self.lost: BaseException | None = None  # the store's connection broke (its host died)
-        self.clone: Any = None
-        if hasattr(store, "clone"):
-            with self._lock:
-                idle = self._idle.setdefault(id(store), [])
-                self.clone = idle.pop() if idle else None
-            try:
-                self.clone = self.clone or store.clone()
-            except Exception:
-                self.clone = None
-        if self.clone is not None:
-            with self._lock:
-                if not _Waiter._settling:  # once per process (runs before earlier hooks: LIFO)
-                    atexit.register(_Waiter.settle_all)
-                    _Waiter._settling = True
-                self._live.add(self)
-            threading.Thread(target=self._run, args=(seconds,), daemon=True).start()
-
-    def _run(self, seconds: float) -> None:
-        try:
-            self.clone.wait([self.key], timedelta(seconds=max(0.001, seconds)))
-            self.found = True
-        except Exception as exc:  # the store's timeout, or its host is gone
-            self.found = False
-            self.lost = exc if store_lost(exc) else None
-        with self._lock:
-            self._idle.setdefault(id(self.store), []).append(self.clone)
-            self._live.discard(self)
-        self.done.set()
-
-    @classmethod
-    def settle_all(cls, seconds: float = 1.0) -> None:
-        """At exit: give threads still in a store wait (their key set just now, as the
-        exchange they served was decided) up to ``seconds`` to return. A thread that returns
-        from the store's C++ wait while the interpreter finalizes is killed by a forced unwind
-        that C++ turns into ``std::terminate``: the process aborts after its work is done."""
-        deadline = time.monotonic() + seconds
-        for waiter in list(cls._live):
-            waiter.done.wait(max(0.0, deadline - time.monotonic()))
-
-    def wait(self, seconds: float) -> bool:
-        """True once the wait ended (then ``found`` says how); False after ``seconds``."""
-        if self.clone is not None:
-            return self.done.wait(max(0.0, seconds))
-        if self.store.check([self.key]):
-            self.found = True
-            return True
-        time.sleep(max(0.0, seconds))
-        return False
-
-
-def settle(seconds: float = 1.0) -> None:
-    """At the end of an exit hook that exchanged: let the store waits it started return (see
-    :meth:`_Waiter.settle_all`, which atexit already ran if a waiter was made before the hook)."""
-    _Waiter.settle_all(seconds)
-
-
-def store_lost(exc: BaseException) -> bool:
-    """Is ``exc`` the store's connection breaking (torch's ``DistNetworkError``: broken pipe,
-    connection reset), not its timeout?"""
-    return type(exc).__name__ == "DistNetworkError" or isinstance(exc, ConnectionError)
-
-
-def store_host() -> int | None:
-    """The rank that hosts the process group's store: 0, unless a launcher hosts it
-    (torchrun's agent: ``TORCHELASTIC_USE_AGENT_STORE``)."""
-    return None if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" else 0
-
-
-def unreachable(rank: int, cause: BaseException) -> RNGAuditStoreError:
-    """The error of ``rank`` that lost the store in an exchange."""
-    host = store_host()
-    where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
-    who = (
-        f"rank {host} (the store host, at {where}) is unreachable: it died or left during the audit"
-        if host is not None
-        else f"the launcher's store at {where} is unreachable: the launcher died"
-    )
-    reason = " ".join(str(cause).split())[:200] or type(cause).__name__
-    return RNGAuditStoreError(
-        f"rngaudit: rank {rank} lost the process group's store while the ranks exchanged: {who} "
-        f"({type(cause).__name__}: {reason}). Nothing was compared. See rank "
-        f"{host if host is not None else 0}'s log for why it stopped; a launcher that hosts "
-        "the store itself (torchrun) names the rank that died.",
-        missing=() if host is None else (host,),
-    )
 
 
 def leaving(exc: BaseException) -> str:
@@ -314,11 +121,11 @@ def raised_by_signal(exc: BaseException) -> str | None:
     return None
 
 
-def _decide(store: Any, keys: _Keys, decision: dict[str, Any]) -> dict[str, Any]:
+def _decide(store: Any, keys: protocol.ExchangeKeys, decision: dict[str, Any]) -> dict[str, Any]:
     """Write ``decision`` unless one exists; every rank then reads the one that won."""
     value = json.dumps(decision, sort_keys=True)
-    won = store.compare_set(keys.decision, "", value)
-    return dict(json.loads(bytes(won).decode()))
+    won = protocol.first_set(store, keys.decision, value)
+    return dict(json.loads(won.decode()))
 
 
 def _interrupted(rank: int, why: str = "KeyboardInterrupt") -> dict[str, Any]:
@@ -326,7 +133,7 @@ def _interrupted(rank: int, why: str = "KeyboardInterrupt") -> dict[str, Any]:
     return {"kind": "interrupted", "by": rank, "ranks": {}, "why": why}
 
 
-def _read_decision(store: Any, keys: _Keys) -> dict[str, Any] | None:
+def _read_decision(store: Any, keys: protocol.ExchangeKeys) -> dict[str, Any] | None:
     if not store.check([keys.decision]):
         return None
     return dict(json.loads(bytes(store.get(keys.decision)).decode()))
@@ -355,13 +162,13 @@ def publish(
     """Put this rank's arrival (signature, mode, label, exception) in the store, and its record
     when it is the first of its signature group to claim it (or the world is at most
     ``FETCH_ALL_MAX``). Returns the keys this rank wrote for the exchange."""
-    keys = _Keys(key)
+    keys = protocol.ExchangeKeys(key)
     signature = str(record.get("signature", ""))
-    written = [keys.arrival(rank)]
+    written: list[str] = [keys.arrival(rank)]
     holds = world <= FETCH_ALL_MAX
     if not holds:  # one record per signature group in the store, not one per rank
-        claim = f"{keys.base}/claim/{signature}"
-        holds = bytes(store.compare_set(claim, "", str(rank))) == str(rank).encode()
+        claim = keys.claim(signature)
+        holds = protocol.first_set(store, claim, str(rank)) == str(rank).encode()
         if holds:
             written.append(claim)
     if holds:
@@ -369,8 +176,8 @@ def publish(
         written.append(keys.record(rank))
     arrival = dict(info, signature=signature, holds=holds)
     store.set(keys.arrival(rank), json.dumps(arrival, sort_keys=True))  # after the record
-    store.set(_position(rank), json.dumps({"key": key, "label": info.get("label", "")}))
-    if store.add(keys.count, 1) == world:
+    store.set(protocol.position(rank), json.dumps({"key": key, "label": info.get("label", "")}))
+    if protocol.count(store, keys.count) == world:
         store.set(keys.all, b"1")
     return written
 
@@ -402,7 +209,9 @@ def exchange(
     if where is None:
         return Exchanged([dict(record)], 1, 0, [], arrived=[0])
     rank, world = where
-    return exchange_on(Seat(_store(), rank, world), record, key, timeout, info, leave, report_all)
+    return exchange_on(
+        Seat(protocol.default(), rank, world), record, key, timeout, info, leave, report_all
+    )
 
 
 def exchange_on(
@@ -423,18 +232,18 @@ def exchange_on(
     try:
         if leave:  # decided before this rank's arrival can complete the count: otherwise rank
             # 0 may decide "complete" first, and report a rank that raised, not one interrupted
-            _decide(store, _Keys(key), _interrupted(rank, why))
+            _decide(store, protocol.ExchangeKeys(key), _interrupted(rank, why))
         written = publish(store, rank, world, key, record, dict(info or {}), payload)
         every = report_all and world <= FETCH_ALL_MAX
         return collect(seat, record, key, timeout, every, why if leave else None, start, written)
     except Exception as exc:
-        if store_lost(exc):
-            raise unreachable(rank, exc) from None
+        if protocol.lost(exc):
+            raise protocol.unreachable(rank, exc) from None
         raise
     except BaseException as leaving_now:  # Ctrl-C while publishing or before the wait began:
         # the others are told, not left to time out (:func:`collect` decides the same inside)
         with contextlib.suppress(Exception):
-            _decide(store, _Keys(key), _interrupted(rank, leaving(leaving_now)))
+            _decide(store, protocol.ExchangeKeys(key), _interrupted(rank, leaving(leaving_now)))
         raise
 
 
@@ -453,10 +262,11 @@ def collect(
     the keys :func:`publish` wrote, deleted after the next complete exchange)."""
     store, rank, world = seat
     start = time.monotonic() if start is None else start
-    keys = _Keys(key)
+    keys = protocol.ExchangeKeys(key)
     pending = PENDING.setdefault((id(store), rank), Pending())
     try:
-        store.add(WAITING, 1)  # inside: every way out of the wait counts this rank out again
+        # inside: every way out of the wait counts this rank out again
+        protocol.count(store, protocol.WAITING)
         if leaving_as is not None:
             decision = _decide(store, keys, _interrupted(rank, leaving_as))
         else:
@@ -470,12 +280,12 @@ def collect(
                 raise
     finally:
         with contextlib.suppress(Exception):  # a lost store is reported by what failed first
-            store.add(WAITING, -1)
+            protocol.count(store, protocol.WAITING, -1)
     result = _result(store, keys, decision, record, rank, world, fetch_all)
     mine = list(written if written is not None else [keys.record(rank), keys.arrival(rank)])
     if decision["kind"] == "complete":
         # every rank arrived here, so every rank has read the previous exchange: clear it
-        _delete(store, pending.last + pending.stray)
+        protocol.delete(store, pending.last + pending.stray)
         pending.stray = []
         pending.last = mine + ([keys.decision, keys.count, keys.all] if rank == 0 else [])
     else:  # the decision stays for late arrivals; the records go after the next complete one
@@ -483,16 +293,8 @@ def collect(
     return result
 
 
-def _delete(store: Any, keys: list[str]) -> None:
-    for k in keys:
-        try:
-            store.delete_key(k)
-        except Exception:  # a store without delete_key (old torch): leave it
-            return
-
-
 def _await_decision(
-    seat: Seat, keys: _Keys, key: str, timeout: float, start: float
+    seat: Seat, keys: protocol.ExchangeKeys, key: str, timeout: float, start: float
 ) -> dict[str, Any]:
     store, rank, world = seat
     decision = _read_decision(store, keys)
@@ -520,7 +322,7 @@ def _await_decision(
 
 def _wait_for(
     seat: Seat,
-    keys: _Keys,
+    keys: protocol.ExchangeKeys,
     awaited: str,
     start: float,
     limit: float,
@@ -531,15 +333,15 @@ def _wait_for(
     one): ``found()`` once it is set; between slices, the decision ``meanwhile()`` returns,
     if any; ``limit`` seconds after ``start``, decide the exchange abandoned."""
     store, rank, world = seat
-    waiter = _Waiter(store, awaited, limit - (time.monotonic() - start))
+    waiter = protocol.Waiter(store, awaited, limit - (time.monotonic() - start))
     try:
         while True:
-            if waiter.wait(SLICE):
+            if waiter.wait(protocol.SLICE):
                 if waiter.found:
                     return found()
                 if waiter.lost is not None:
                     raise waiter.lost
-                time.sleep(SLICE)  # the store's wait ended early: idle, not a busy loop
+                time.sleep(protocol.SLICE)  # the store's wait ended early: idle, not a busy loop
             if meanwhile is not None:
                 decision = meanwhile()
                 if decision is not None:
@@ -555,13 +357,13 @@ def _wait_for(
                 store.set(awaited, b"1")
 
 
-def _table(store: Any, keys: _Keys, ranks: list[int]) -> dict[str, Any]:
+def _table(store: Any, keys: protocol.ExchangeKeys, ranks: list[int]) -> dict[str, Any]:
     """Signature groups, modes and exceptions of ``ranks`` (all arrived at ``keys``)."""
     groups: dict[str, list[int]] = {}
     holders: dict[str, int] = {}
     modes: dict[str, list[int]] = {}
     raised: dict[str, str] = {}
-    values = _get_all(store, [keys.arrival(r) for r in ranks])
+    values = protocol.get_all(store, [keys.arrival(r) for r in ranks])
     for r, value in zip(ranks, values, strict=True):
         arrival = json.loads(bytes(value).decode())
         sig = str(arrival.get("signature", ""))
@@ -579,15 +381,15 @@ def _table(store: Any, keys: _Keys, ranks: list[int]) -> dict[str, Any]:
     }
 
 
-def _complete(store: Any, keys: _Keys, world: int) -> dict[str, Any]:
+def _complete(store: Any, keys: protocol.ExchangeKeys, world: int) -> dict[str, Any]:
     return dict(_table(store, keys, list(range(world))), kind="complete", by=0)
 
 
-def _arrived(store: Any, keys: _Keys, world: int) -> list[int]:
+def _arrived(store: Any, keys: protocol.ExchangeKeys, world: int) -> list[int]:
     return [r for r in range(world) if store.check([keys.arrival(r)])]
 
 
-def _abandoned(store: Any, keys: _Keys, world: int, rank: int) -> dict[str, Any]:
+def _abandoned(store: Any, keys: protocol.ExchangeKeys, world: int, rank: int) -> dict[str, Any]:
     arrived = _arrived(store, keys, world)
     missing = [r for r in range(world) if r not in arrived]
     if not missing:  # everyone came in the last moment
@@ -596,24 +398,28 @@ def _abandoned(store: Any, keys: _Keys, world: int, rank: int) -> dict[str, Any]
     return dict(table, kind="abandoned", by=rank, missing=ranges(missing))
 
 
-def _mismatch(store: Any, keys: _Keys, key: str, world: int) -> dict[str, Any] | None:
+def _mismatch(
+    store: Any, keys: protocol.ExchangeKeys, key: str, world: int
+) -> dict[str, Any] | None:
     """Rank 0, between slices: when every rank waits in an exchange and some wait in another
     (an audit opened on some ranks only), nobody can progress: decide that now."""
-    if int(store.add(WAITING, 0)) < world:
+    if protocol.count(store, protocol.WAITING, 0) < world:
         return None
     arrived = set(_arrived(store, keys, world))
     others = [r for r in range(world) if r not in arrived]
-    if not others or not store.check([_position(r) for r in others]):
+    if not others or not store.check([protocol.position(r) for r in others]):
         return None
     where: dict[str, dict[str, Any]] = {}
-    for r, value in zip(others, _get_all(store, [_position(r) for r in others]), strict=True):
+    for r, value in zip(
+        others, protocol.get_all(store, [protocol.position(r) for r in others]), strict=True
+    ):
         pos = json.loads(bytes(value).decode())
         entry = where.setdefault(str(pos["key"]), {"label": pos.get("label", ""), "ranks": []})
         entry["ranks"].append(r)
     if key in where:
         return None  # arrived meanwhile
     for other in where:
-        if _read_decision(store, _Keys(other)) is not None:
+        if _read_decision(store, protocol.ExchangeKeys(other)) is not None:
             return None  # it already left that exchange
     own = _read_arrival_label(store, keys, 0)
     where[key] = {"label": own, "ranks": sorted(arrived)}
@@ -626,7 +432,7 @@ def _mismatch(store: Any, keys: _Keys, key: str, world: int) -> dict[str, Any] |
     for other, entry in where.items():
         if other == keep:
             continue
-        other_keys = _Keys(other)
+        other_keys = protocol.ExchangeKeys(other)
         decision = dict(
             _table(store, other_keys, entry["ranks"]), kind="mismatch", by=0, audits=audits
         )
@@ -636,14 +442,14 @@ def _mismatch(store: Any, keys: _Keys, key: str, world: int) -> dict[str, Any] |
     return mine
 
 
-def _read_arrival_label(store: Any, keys: _Keys, rank: int) -> str:
+def _read_arrival_label(store: Any, keys: protocol.ExchangeKeys, rank: int) -> str:
     arrival = json.loads(bytes(store.get(keys.arrival(rank))).decode())
     return str(arrival.get("label", ""))
 
 
 def _result(
     store: Any,
-    keys: _Keys,
+    keys: protocol.ExchangeKeys,
     decision: dict[str, Any],
     record: Mapping[str, Any],
     rank: int,
@@ -660,7 +466,9 @@ def _result(
     kind = str(decision.get("kind", "complete"))
     if kind != "complete":  # a late reader: the owners may have cleared their keys since
         wanted = [r for r in wanted if store.check([keys.record(r)])]
-    received = dict(zip(wanted, _get_all(store, [keys.record(r) for r in wanted]), strict=True))
+    received = dict(
+        zip(wanted, protocol.get_all(store, [keys.record(r) for r in wanted]), strict=True)
+    )
     records: list[dict[str, Any]] = []
     for r in arrived:
         if r == rank:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import gc
 import logging
@@ -16,6 +15,7 @@ from rngaudit import peek
 from rngaudit.capture.patching import PatchSet
 from rngaudit.config import ENV_GROUPS, shown
 from rngaudit.errors import ConfigError
+from rngaudit.ranks import group_end
 
 log = logging.getLogger("rngaudit")
 
@@ -145,7 +145,7 @@ def arm() -> None:
         # no mesh can predate the wrapper when torch's mesh module is not yet imported
         _scanned[0] = _scanned[0] or "torch.distributed.device_mesh" not in sys.modules
         _patches.when_imported("torch.distributed.device_mesh", _on_import)
-        atexit.register(_patches.undo)
+        group_end.at_exit(group_end.MESHES, _patches.undo)
 
 
 def _on_import(module: Any) -> None:

@@ -20,7 +20,6 @@ states are reported, as information only (``replica-streams-identical``).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import hashlib
 import logging
@@ -33,14 +32,14 @@ from rngaudit import forksafe
 from rngaudit.capture.patching import PatchSet
 from rngaudit.capture.recorder import RECORDER
 from rngaudit.findings import Finding
-from rngaudit.ranks import exchange, layout
+from rngaudit.ranks import exchange, group_end, layout
+from rngaudit.ranks import store as protocol
 
 log = logging.getLogger("rngaudit")
 
 SAMPLED = 4096  # elements of a parameter digested, evenly spaced
 MAX_TRIES = 16  # optimizer steps looked at for replicated parameters, at most
 MAX_GRADS = 100_000  # all-reduced tensors remembered before the first step, at most
-PREFIX = "rngaudit/replicas"
 
 REMEDY = (
     "Start every replica from the same weights: FSDP(..., sync_module_states=True) where the "
@@ -89,7 +88,7 @@ def arm(watch: Any) -> None:
         _watch[0] = watch
         _patches.when_imported("torch.optim.optimizer", _on_optim)
         _patches.when_imported("torch.distributed", _on_dist)
-        atexit.register(disarm)
+        group_end.at_exit(group_end.REPLICAS, disarm)
 
 
 def disarm() -> None:
@@ -333,22 +332,18 @@ def _swap(
     ranks: tuple[int, ...], rank: int, mine: dict[str, Any], timeout: float
 ) -> dict[int, dict[str, Any]] | list[int]:
     """Every rank's digests, or the ranks missing after ``timeout``."""
-    from rngaudit.epochs import observed
-
-    store = exchange._store()
+    store = protocol.default()
     name = hashlib.blake2b(",".join(map(str, ranks)).encode(), digest_size=6).hexdigest()
     with _lock:
         n = _counts[ranks] = _counts.get(ranks, 0) + 1
-    base = f"{PREFIX}/{name}/{n}"
-    keys = [f"{base}/{r}" for r in ranks]
-    store.set(f"{base}/{rank}", exchange.encode(mine))
-    observed._wait(store, keys, timeout)
-    missing = [r for r, k in zip(ranks, keys, strict=True) if not store.check([k])]
+    base = protocol.replicas(name, n)
+    store.set(base / rank, exchange.encode(mine))
+    missing = protocol.missing_after(store, base, ranks, timeout)
     if missing:
         return missing
-    payloads = exchange._get_all(store, keys)
-    if store.add(f"{base}/read", 1) == len(ranks):
-        exchange._delete(store, [*keys, f"{base}/read"])
+    keys = protocol.per_rank(base, ranks)
+    payloads = protocol.get_all(store, keys)
+    protocol.read_by_all(store, base, keys, len(ranks))
     return {r: exchange.decode(bytes(p)) for r, p in zip(ranks, payloads, strict=True)}
 
 

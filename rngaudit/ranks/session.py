@@ -6,7 +6,6 @@ import contextlib
 import logging
 import os
 import random
-import socket
 import sys
 import warnings
 from collections.abc import Callable, Iterable
@@ -14,15 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from rngaudit import forksafe, schema
+from rngaudit import forksafe, launcher, schema
 from rngaudit.capture.rank_record import merge_deferred, rank_record, summarize_loaders
 from rngaudit.capture.recorder import RECORDER, Window
-from rngaudit.config import restart_attempt
 from rngaudit.errors import (
     RNGAuditWarning,
 )
 from rngaudit.findings import Finding, verdict_of
 from rngaudit.ranks import exchange, rules
+from rngaudit.ranks import store as protocol
 from rngaudit.ranks.policy import act
 from rngaudit.reports import files
 from rngaudit.reports.model import SCHEMA_VERSION, AuditReport
@@ -118,8 +117,8 @@ class Session:
         self.report_dir = report_dir
         self.mode = mode
         self.run_id = _new_run_id()
-        self.rank = exchange.launched_rank()
-        self.world_size = exchange.launched_world_size()
+        self.rank = launcher.rank()
+        self.world_size = launcher.world_size()
         self.joined = False  # has exchanged through a process group: rank and world are known
         # The run id every rank of the group uses (agreed at joining or adopted at an
         # exchange): until then a process launched as one of several ranks writes nothing.
@@ -142,8 +141,8 @@ class Session:
         _occurrences.clear()
         self._lock = forksafe.lock()  # another thread may have held it at fork
         self.run_id = _new_run_id()
-        self.rank = exchange.launched_rank()
-        self.world_size = exchange.launched_world_size()
+        self.rank = launcher.rank()
+        self.world_size = launcher.world_size()
         self.joined = False
         self.agreed = False
         self.target = _Target(self.report_dir)
@@ -162,12 +161,12 @@ class Session:
             self.rank, self.world_size = where
             self.joined = True
             if not self.agreed and where[1] > 1:
-                agreed = exchange.agree(f"run-id/{self.report_dir}", self.run_id)
+                agreed = protocol.agree(protocol.run_id(self.report_dir), self.run_id)
                 if agreed:
                     self.run_id, self.agreed = agreed, True
         elif not self.joined:
-            self.rank = exchange.launched_rank()
-            self.world_size = exchange.launched_world_size()
+            self.rank = launcher.rank()
+            self.world_size = launcher.world_size()
 
     def reserve(self) -> int:
         """The index of a new audit in this session."""
@@ -193,7 +192,7 @@ class Session:
         joins the next audit concluded with a process group, and an empty report comes back.
         """
         where = exchange.process_group()
-        if where is None and not self.joined and exchange.launched_world_size() > 1:
+        if where is None and not self.joined and launcher.world_size() > 1:
             return self._defer(index, label, record)
         deferred: list[str] = []
         if self.pending:
@@ -252,7 +251,7 @@ class Session:
         with _lock:
             occurrence = _occurrences.get(name, 0)
             _occurrences[name] = occurrence + 1
-        key = exchange.audit_key(name, occurrence) if exchange.distributed() else "local"
+        key = protocol.audit(name, occurrence) if exchange.distributed() else "local"
         info = {"label": label, "mode": declared, "raised": record.get("exception")}
         if how.interrupted:
             info["left"] = how.left or record.get("exception") or "KeyboardInterrupt"
@@ -328,7 +327,7 @@ class Session:
     def _name_resume(self, found: list[Finding]) -> None:
         """Say where the run resumed in each warning or error: a torchrun restart attempt (the
         same on every rank of the attempt) and the checkpoint restores this rank made."""
-        attempt = restart_attempt()
+        attempt = launcher.restart_attempt()
         if not attempt and not self.resumes:
             return
         parts = [f"torchrun restart attempt {attempt}"] if attempt else []
@@ -383,7 +382,7 @@ class Session:
         return {
             "rank": rank,
             "pid": os.getpid() if own else None,
-            "host": socket.gethostname() if own else None,
+            "host": launcher.node() if own else None,
             "events": [],
             "loaders": [],
             "states": {},
@@ -434,7 +433,7 @@ class Session:
             labels = ", ".join(label for _, label, _ in self.pending)
             sys.stderr.write(
                 f"rngaudit: {len(self.pending)} audit(s) ({labels}) waited for a process group "
-                f"(WORLD_SIZE={exchange.launched_world_size()}) that was never created: "
+                f"(WORLD_SIZE={launcher.world_size()}) that was never created: "
                 "not compared\n"
             )
             self.pending = []
@@ -445,7 +444,7 @@ class Session:
         that Lightning starts learns its rank only when the group exists (it has no ``RANK``)."""
         where = exchange.process_group()
         if where is None and not self.joined:
-            return exchange.launched_world_size() <= 1
+            return launcher.world_size() <= 1
         if (where[1] if where is not None else self.world_size) <= 1:
             return True
         return self.agreed

@@ -36,6 +36,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSamp
 
 import rngaudit
 from rngaudit.ranks import exchange
+from rngaudit.ranks import store as protocol
 
 scenario = sys.argv[1]
 dist.init_process_group("gloo")
@@ -67,7 +68,7 @@ def killed_in_exchange(prefix: str) -> None:
 
     def dying(store: Any, rank: int, world: int, key: str, *args: Any, **kw: Any) -> list[str]:
         if key.startswith(prefix):
-            while not store.check([f"{exchange.KEY_PREFIX}/{key}/arrival/0"]):
+            while not store.check([protocol.ExchangeKeys(key).arrival(0)]):
                 time.sleep(0.01)
             os.kill(os.getpid(), signal.SIGKILL)
         return publish(store, rank, world, key, *args, **kw)

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
 import rngaudit
-from rngaudit.ranks import exchange
+from rngaudit.ranks import store as protocol
 
 names, root = sys.argv[1].split(","), Path(sys.argv[2])
 dist.init_process_group("gloo")
@@ -150,9 +150,9 @@ def sigint_wait() -> None:
         torch.rand(1)
         if rank == 1:  # Ctrl-C on rank 0 while it waits in the exchange; then arrive
             wait_for("rank0-pid")
-            store = exchange._store()
+            store = protocol.default()
             deadline = time.monotonic() + 120
-            while not store.check([exchange.WAITING]) or int(store.add(exchange.WAITING, 0)) < 1:
+            while not store.check([protocol.WAITING]) or int(store.add(protocol.WAITING, 0)) < 1:
                 if time.monotonic() > deadline:
                     raise SystemExit("rank 0 never waited")
                 time.sleep(0.01)  # rank 0 counts itself once inside the exchange
