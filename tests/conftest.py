@@ -38,6 +38,14 @@ SLOW_FIRST = [
 ]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest-xdist hands the files out in the collection order only without its default
+    # reordering (the files with the most tests first: the long launch files with few tests,
+    # test_launchers and test_frameworks among them, then ran last, one worker idle meanwhile)
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     place = {name: i for i, name in enumerate(SLOW_FIRST)}
     items.sort(key=lambda item: place.get(item.path.name, len(place)))
