@@ -13,21 +13,25 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-# The slowest files first (their durations in one clean-clone run, 2026-12-02): make test's two
-# xdist workers each run a file whole (--dist loadfile), in this order, so a long file handed
-# out last would run alone at the end while the other worker idles. Within a file, and among
-# the files not named here, the collection order is kept (the sort is stable).
+# The slowest files first (where their tests started and ended in a make test under load,
+# 2026-12-04, and the days before): make test's two xdist workers each run a file whole
+# (--dist loadfile), in this order, so a long file handed out last would run alone at the end
+# while the other worker idles. Within a file, and among the files not named here, the
+# collection order is kept (the sort is stable).
 SLOW_FIRST = [
     "test_launchers.py",
     "test_frameworks.py",
     "test_harm_matrix.py",
     "test_generated_configs.py",
+    "test_mesh.py",
+    "test_odd_rank.py",
+    "test_accelerate_own_tests.py",
+    "test_exchange_faults.py",
     "test_worker_shapes.py",
     "test_startup.py",
-    "test_odd_rank.py",
+    "test_workers.py",
     "test_demo.py",
     "test_never_break.py",
-    "test_workers.py",
     "test_exchange_protocol.py",
     "test_exchange.py",
     "test_distributed_matrix.py",
