@@ -13,21 +13,25 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-# The slowest files first (their durations in one clean-clone run, 2026-12-02): make test's two
-# xdist workers each run a file whole (--dist loadfile), in this order, so a long file handed
-# out last would run alone at the end while the other worker idles. Within a file, and among
-# the files not named here, the collection order is kept (the sort is stable).
+# The slowest files first (where their tests started and ended in a make test under load,
+# 2026-12-04, and the days before): make test's two xdist workers each run a file whole
+# (--dist loadfile), in this order, so a long file handed out last would run alone at the end
+# while the other worker idles. Within a file, and among the files not named here, the
+# collection order is kept (the sort is stable).
 SLOW_FIRST = [
     "test_launchers.py",
     "test_frameworks.py",
     "test_harm_matrix.py",
     "test_generated_configs.py",
+    "test_mesh.py",
+    "test_odd_rank.py",
+    "test_accelerate_own_tests.py",
+    "test_exchange_faults.py",
     "test_worker_shapes.py",
     "test_startup.py",
-    "test_odd_rank.py",
+    "test_workers.py",
     "test_demo.py",
     "test_never_break.py",
-    "test_workers.py",
     "test_exchange_protocol.py",
     "test_exchange.py",
     "test_distributed_matrix.py",
@@ -36,6 +40,14 @@ SLOW_FIRST = [
     "test_render_html.py",
     "test_diff.py",
 ]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest-xdist hands the files out in the collection order only without its default
+    # reordering (the files with the most tests first: the long launch files with few tests,
+    # test_launchers and test_frameworks among them, then ran last, one worker idle meanwhile)
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

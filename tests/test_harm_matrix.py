@@ -11,6 +11,7 @@ import math
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -179,15 +180,25 @@ def _launch(outdir: Path, how: str, only: list[str] | None = None) -> dict[int, 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Two launches at a time, each its own torchrun (its own rendezvous port, directory and
+    processes): one's start-up and teardown overlap another's scenarios."""
     out: dict[str, Any] = {}
-    for how in ("none", *HOWS):
-        outdir = tmp_path_factory.mktemp(f"harm-{how}")
-        out[how] = _launch(outdir, how)
-        out[how + "_dir"] = outdir
-    for group in (OWN_WINDOW, *([name] for name in OWN_LAUNCH)):
-        own = _launch(tmp_path_factory.mktemp("harm-env-own"), "env", group)
-        for rank in range(NPROC):
-            out["env"][rank].update({name: own[rank][name] for name in group})
+    hows = [*HOWS, "none"]  # the longest first
+    dirs = {how: tmp_path_factory.mktemp(f"harm-{how}") for how in hows}
+    groups = [OWN_WINDOW, *([name] for name in OWN_LAUNCH)]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        main = {how: pool.submit(_launch, dirs[how], how) for how in hows}
+        own = [
+            pool.submit(_launch, tmp_path_factory.mktemp("harm-env-own"), "env", group)
+            for group in groups
+        ]
+        for how in hows:
+            out[how] = main[how].result()
+            out[how + "_dir"] = dirs[how]
+        for group, future in zip(groups, own, strict=True):
+            got = future.result()
+            for rank in range(NPROC):
+                out["env"][rank].update({name: got[rank][name] for name in group})
     return out
 
 
