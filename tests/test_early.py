@@ -15,7 +15,7 @@ from ranks_in_process import Ranks
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from rngaudit.config import Settings
-from rngaudit.epochs import early, observed, order_check, order_rules, partition
+from rngaudit.epochs import early, judging, observed, order_check, order_rules, partition
 from rngaudit.epochs.order_check import Watch
 from rngaudit.errors import RNGDivergenceError
 from rngaudit.ranks import exchange
@@ -99,7 +99,7 @@ def test_a_teed_epoch_left_early_is_folded_from_the_tees_buffer_without_a_draw(
     assert teed  # observed with no rngaudit frame per batch: the batches were in the tee
     assert audited == plain  # the auditor changes no batch
     assert torch.equal(gen.get_state(), plain_gen.get_state())  # nor draws one more
-    [(epoch, summary)] = guard.left
+    [(epoch, summary)] = guard.epochs.left
     assert summary["partial"] and summary["known"]
     assert summary["batches"] == 3 and summary["length"] == N // 2
     assert _samples(summary) == {i for batch in plain for i in batch}
@@ -115,12 +115,12 @@ def test_an_epoch_still_open_when_the_group_goes_is_folded_there(
     it = iter(DataLoader(Items(), batch_size=4, sampler=DrawEach(gen)))
     taken = [next(it).tolist() for _ in range(2)]
     state = gen.get_state().clone()
-    [tape] = [t for t in guard.tapes if not t.closed]
+    [tape] = [t for t in guard.registry.tapes if not t.closed]
     assert tape.teed
-    guard._left_early(tape)
-    guard._left_early(tape)  # a second fold finds it closed
+    guard.epochs.left_early(tape)
+    guard.epochs.left_early(tape)  # a second fold finds it closed
     assert torch.equal(gen.get_state(), state)
-    [(_, summary)] = guard.left
+    [(_, summary)] = guard.epochs.left
     assert summary["batches"] == 2 and _samples(summary) == {i for b in taken for i in b}
     del it
 
@@ -169,9 +169,9 @@ def test_a_partial_epoch_is_no_partition_and_its_padding_no_error() -> None:
 def test_ranks_that_left_at_different_batches_are_one_loader() -> None:
     same: dict[str, Any] = {"identity": "i", "root_size": 32}
     left = {0: _partial([1], 2, **same), 1: _partial([2], 3, **same)}
-    assert order_check._one_loader(left, True) and not order_check._one_loader(left)
+    assert judging.one_loader(left, True) and not judging.one_loader(left)
     other = {0: left[0], 1: _partial([2], 3, length=12, **same)}
-    assert not order_check._one_loader(other, True)  # epochs of different lengths
+    assert not judging.one_loader(other, True)  # epochs of different lengths
 
 
 def test_a_persistent_iterators_epoch_left_early_is_published_at_its_next_epoch(
@@ -192,11 +192,11 @@ def test_a_persistent_iterators_epoch_left_early_is_published_at_its_next_epoch(
         it = iter(loader)
         taken = [next(it).tolist() for _ in range(3)]
         first = next(iter(loader)).tolist()  # the next epoch: the same iterator, reset
-        [epoch] = guard.later
+        [epoch] = guard.epochs.later
         summary = ranks.get(f"{observed.PREFIX}/{epoch.key}/0/end/0")
         assert summary["partial"] and summary["batches"] == 3 and summary["length"] == N // 2
         assert _samples(summary) == {i for batch in taken for i in batch}
-        assert len(first) == 2 and not guard.left
+        assert len(first) == 2 and not guard.epochs.left
         del it
     finally:
         guard.everything = None
@@ -227,15 +227,15 @@ def test_an_epoch_left_open_when_the_group_goes_raises_there_on_an_overlap(
         guard.watch_all(Watch(Settings("raise", Path("r"), 5.0, False), session, True))
         it = iter(DataLoader(Items(), batch_size=4, sampler=DrawEach(torch.Generator())))
         taken = [next(it).tolist() for _ in range(2)]
-        [known] = list(guard.observed.values())
-        guard.partitioned.add(known.key)  # an earlier epoch partitioned the data
+        [known] = list(guard.registry.observed.values())
+        guard.judge.partitioned.add(known.key)  # an earlier epoch partitioned the data
         tape = partition.Tape([], N)
         mine = {i for batch in taken for i in batch}
         others = [i for i in range(N) if i not in mine][:4]
         tape.take([taken[0], others])  # rank 1 was handed rank 0's first batch, and others
         theirs = dict(tape.summary(), partial=True, length=N // 4, identity=known.identity,
                       training=True, data_parallel=None)  # fmt: skip
-        assert not guard.later and not guard.left
+        assert not guard.epochs.later and not guard.epochs.left
         with ranks.playing(1):
             ranks.store.set(f"{observed.PREFIX}/{known.key}/iterated/1", b"1")
             ranks.store.set(f"{observed.PREFIX}/{known.key}/0/end/1", exchange.encode(theirs))

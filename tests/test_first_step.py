@@ -26,15 +26,16 @@ class Guard:
         self.warned: list[tuple[str, list[int], list[int], float]] = []
         self.so_far: list[tuple[str, int, dict[int, dict[str, Any]]]] = []
 
-    def _judge_first(self, epoch: observed.Epoch, published: dict[int, dict[str, Any]]) -> None:
+    def judge_first(self, epoch: observed.Epoch, published: dict[int, dict[str, Any]]) -> bool:
         self.judged.append((epoch.key, epoch.epoch, published))
+        return False
 
-    def _warn_first(
+    def warn_first(
         self, epoch: observed.Epoch, missing: list[int], arrived: list[int], timeout: float
     ) -> None:
         self.warned.append((epoch.key, missing, arrived, timeout))
 
-    def _judge_so_far(
+    def judge_so_far(
         self,
         epoch: observed.Epoch,
         published: dict[int, dict[str, Any]],

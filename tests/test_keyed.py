@@ -256,7 +256,7 @@ def test_a_keyed_loader_keeps_a_frame_per_batch_and_returns_them_untouched(
             it, unkeyed = iter(loader), iter(other)
             got, rest = [next(it)], [next(unkeyed)]
             frames = _frames(lambda: got.extend(it))
-            assert frames.count("_keyed_pull") == len(got)  # each batch after the first, its end
+            assert frames.count("pull") == len(got)  # each batch after the first, its end
             assert frames.count("read") == len(got) - 1  # its ids read
             assert _frames(lambda: rest.extend(unkeyed)) == []  # unkeyed: no rngaudit frame
             assert it.__dict__["_rngaudit_keyed"].closed  # ended: published, compared

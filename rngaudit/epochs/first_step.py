@@ -25,7 +25,7 @@ import logging
 import sys
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from rngaudit import forksafe
 from rngaudit.capture.recorder import RECORDER
@@ -38,6 +38,30 @@ log = logging.getLogger("rngaudit")
 MAX_PENDING = 64  # started epochs kept until a rendezvous, per process
 
 
+class Verdicts(Protocol):
+    """What the rendezvous hands the group's published epochs to (the epoch checks' judge)."""
+
+    def judge_first(self, epoch: observed.Epoch, published: dict[int, dict[str, Any]]) -> bool:
+        """The verdict at the first training step; True: compared again at later forwards."""
+        ...
+
+    def judge_so_far(
+        self,
+        epoch: observed.Epoch,
+        published: dict[int, dict[str, Any]],
+        forwards: int,
+        sharded_by: str | None = None,
+    ) -> bool:
+        """The verdict on what each rank was handed by a later forward; True when decided."""
+        ...
+
+    def warn_first(
+        self, epoch: observed.Epoch, missing: list[int], arrived: list[int], timeout: float
+    ) -> None:
+        """Ranks of the group did not reach the training forward: a warning."""
+        ...
+
+
 @dataclass
 class Started:
     """One observed epoch this rank started, waiting for the group's next training forward."""
@@ -45,7 +69,7 @@ class Started:
     epoch: observed.Epoch
     tape: Any  # weakref.ref to its partition.Tape
     record: dict[str, Any]  # what is published: key, epoch, first, content, ahead, ...
-    guard: Any  # the EpochGuard: _judge_first / _warn_first
+    verdicts: Verdicts  # where the group's published epochs are judged
 
 
 _lock = forksafe.lock()
@@ -57,13 +81,6 @@ _agreed: set[str] = set()  # loaders a whole group trained on together
 _counts: dict[str, int] = {}  # group -> rendezvous so far
 _given_up: set[str] = set()  # groups whose ranks did not all arrive once
 DECIDED: set[tuple[str, int]] = set()  # (loader key, epoch) judged with a finding here
-
-
-def _group(module: Any) -> list[int]:
-    ranks = observed._GROUPS.get(id(module))
-    if ranks is None:
-        ranks = observed._group_ranks(module)
-    return list(ranks)
 
 
 def _group_key(ranks: list[int]) -> str:
@@ -102,7 +119,7 @@ def sweep() -> None:
 def _arm(module: Any) -> None:
     """The one-shot hook on ``module`` (with the lock held); never raises."""
     _sweep()  # a spent hook of the module's last rendezvous goes first: one hook a module
-    if module in _hooks or _group_key(_group(module)) in _given_up:
+    if module in _hooks or _group_key(observed.group_of(module)) in _given_up:
         return
     entry = _following.get(id(module))
     if entry is not None and entry[0]() is module:
@@ -136,7 +153,7 @@ def started(item: Started) -> None:
         if tape is not None:
             _by_tape[tape] = item
         if item.epoch.key in _agreed:
-            for module in list(observed._FOUND.values()):
+            for module in list(observed.modules()):
                 _arm(module)
 
 
@@ -177,11 +194,11 @@ def _hook(module: Any, args: Any) -> None:
 
 
 def _rendezvous(module: Any) -> None:
-    ranks = _group(module)
+    ranks = observed.group_of(module)
     key = _group_key(ranks)
     with _lock:
         for other in list(_hooks.keys()):  # one rendezvous per group and arming
-            if _group_key(_group(other)) == key:
+            if _group_key(observed.group_of(other)) == key:
                 handle = _hooks.pop(other)
                 if handle is not None:  # (None: the counting hook's, kept)
                     _spent.append((weakref.ref(other), handle))  # removed later
@@ -206,7 +223,7 @@ def _rendezvous(module: Any) -> None:
             if store.add(f"{base}/read", 1) == len(ranks):
                 exchange._delete(store, [*keys, f"{base}/read"])
             return
-        observed._wait(store, keys, timeout)
+        observed.wait(store, keys, timeout)
         arrived = [r for r, k in zip(ranks, keys, strict=True) if store.check([k])]
         if len(arrived) < len(ranks):
             with _lock:
@@ -220,7 +237,7 @@ def _rendezvous(module: Any) -> None:
         log.warning("rngaudit: the first-step comparison could not exchange", exc_info=True)
         return
     if missing:  # a warning (raised only in strict mode), never a wait beyond the timeout
-        mine[0].guard._warn_first(mine[0].epoch, missing, arrived, timeout)
+        mine[0].verdicts.warn_first(mine[0].epoch, missing, arrived, timeout)
         return
     per_rank: dict[int, dict[tuple[str, int], dict[str, Any]]] = {}
     for r, payload in zip(ranks, payloads, strict=True):
@@ -232,7 +249,7 @@ def _rendezvous(module: Any) -> None:
         with _lock:
             _agreed.add(ident[0])
         item = by_key[ident]
-        if item.guard._judge_first(item.epoch, {r: per_rank[r][ident] for r in ranks}):
+        if item.verdicts.judge_first(item.epoch, {r: per_rank[r][ident] for r in ranks}):
             follow(item, module)  # read lazily and not yet decided: compared again later
 
 
@@ -268,7 +285,7 @@ def follow(item: Started, module: Any, forwards: int = 1) -> None:
     from its first batch, outside a forward: the module's armed hook, if any, counts, else
     one is added there)."""
     with contextlib.suppress(Exception):
-        ranks = _group(module)
+        ranks = observed.group_of(module)
         with _lock:
             entry = _following.get(id(module))
             if entry is None or entry[0]() is not module:
@@ -370,7 +387,7 @@ def _compare_so_far(module: Any, f: Follow, forwards: int) -> None:
     keys = [f"{base}/{r}" for r in f.ranks]
     try:
         store = exchange._store()
-        observed._wait(store, keys, FOLLOW_WAIT)  # published before the step all-reduced
+        observed.wait(store, keys, FOLLOW_WAIT)  # published before the step all-reduced
         if not all(store.check([k]) for k in keys):
             log.info(
                 "rngaudit: epoch %d of %s: not every rank published what it was handed by its "
@@ -388,7 +405,7 @@ def _compare_so_far(module: Any, f: Follow, forwards: int) -> None:
         return
     published = {r: exchange.decode(bytes(p)) for r, p in zip(f.ranks, payloads, strict=True)}
     try:
-        decided = f.item.guard._judge_so_far(
+        decided = f.item.verdicts.judge_so_far(
             f.item.epoch, published, forwards, f.item.record.get("sharded_by")
         )
     except BaseException:

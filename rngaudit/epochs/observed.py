@@ -46,7 +46,7 @@ class Epoch:
     epoch: int
     label: str
     chain: str
-    watch: Any  # rngaudit.epochs.order_check.Watch
+    watch: Any  # rngaudit.epochs.registry.Watch
 
 
 def loader_key(identity: str, chain: str, batch_size: Any, occurrence: int) -> str:
@@ -87,7 +87,7 @@ def finish(epoch: Epoch, summary: dict[str, Any]) -> list[dict[str, Any]] | None
     ends = [f"{base}/end/{r}" for r in range(world)]
     if store.check(starts) or store.check(iterated):
         WAITED[epoch.label] += 1
-        _wait(store, ends, min(END_WAIT, float(epoch.watch.settings.timeout)))
+        wait(store, ends, min(END_WAIT, float(epoch.watch.settings.timeout)))
     return collect(epoch)
 
 
@@ -103,7 +103,7 @@ def announced(epoch: Epoch) -> list[dict[str, Any]] | None:
     if store.check([f"{base}/start/{r}" for r in range(where[1])]):
         WAITED[epoch.label] += 1
         ends = [f"{base}/end/{r}" for r in range(where[1])]
-        _wait(store, ends, min(END_WAIT, float(epoch.watch.settings.timeout)))
+        wait(store, ends, min(END_WAIT, float(epoch.watch.settings.timeout)))
     return collect(epoch)
 
 
@@ -114,7 +114,7 @@ def publish(epoch: Epoch, summary: dict[str, Any]) -> None:
         exchange._store().set(f"{_base(epoch)}/end/{where[0]}", exchange.encode(summary))
 
 
-def _wait(store: Any, keys: list[str], seconds: float) -> None:
+def wait(store: Any, keys: list[str], seconds: float) -> None:
     """Until every key of ``keys`` is set or ``seconds`` passed: woken by the store as each
     arrives (the exchange's waiter, in slices, so a KeyboardInterrupt surfaces)."""
     deadline = time.monotonic() + seconds
@@ -174,6 +174,19 @@ def installed(torch_loaded: bool) -> None:
     the heap is searched once more when needed, for modules built before, unless torch was
     not even imported (none can exist)."""
     _SEARCHED[0] = not torch_loaded
+
+
+def modules() -> list[Any]:
+    """The data-parallel modules noted so far that are still alive."""
+    return list(_FOUND.values())
+
+
+def group_of(module: Any) -> list[int]:
+    """The ranks of ``module``'s data-parallel group (as noted, else read now)."""
+    ranks = _GROUPS.get(id(module))
+    if ranks is None:
+        ranks = _group_ranks(module)
+    return list(ranks)
 
 
 def _group_ranks(module: Any) -> list[int]:

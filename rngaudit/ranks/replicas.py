@@ -156,11 +156,9 @@ def _pre_step(optimizer: Any, args: Any, kwargs: Any) -> None:
             _optimizers[optimizer] = MAX_TRIES  # compared once
         found = _check(groups, watch)
     if found:
-        from rngaudit.epochs import order_check
-
         with contextlib.suppress(Exception):
             watch.session.add_check("replicas' weights at the first optimizer step", found)
-        order_check._act(found, watch, "replicas' weights at the first optimizer step")
+        watch.act(found, "replicas' weights at the first optimizer step")
 
 
 def _replicated(optimizer: Any) -> dict[tuple[int, ...], dict[str, tuple[str, Any]]]:
@@ -184,7 +182,7 @@ def _wrapper_groups() -> dict[int, tuple[tuple[int, ...], str]]:
 
     observed.data_parallel_groups(scan=True)  # those built before rngaudit was (once)
     out: dict[int, tuple[tuple[int, ...], str]] = {}
-    for module in list(observed._FOUND.values()):
+    for module in list(observed.modules()):
         with contextlib.suppress(Exception):
             name = type(module).__name__
             if name == "DistributedDataParallel":
@@ -302,7 +300,7 @@ def _swap(
     base = f"{PREFIX}/{name}/{n}"
     keys = [f"{base}/{r}" for r in ranks]
     store.set(f"{base}/{rank}", exchange.encode(mine))
-    observed._wait(store, keys, timeout)
+    observed.wait(store, keys, timeout)
     missing = [r for r, k in zip(ranks, keys, strict=True) if not store.check([k])]
     if missing:
         return missing
