@@ -80,7 +80,7 @@ UNEQUAL_BATCHES = (
 ONE_RANK = (
     "miss on some ranks: epoch 1 of a self-sharding sampler (bare loop, no DDP) is judged at "
     "its end by some ranks only; the others train past it and raise at their next observed "
-    "loader (here the drain after the config). epochs/observed.py finish (:88) should have "
+    "loader (here the drain after the config). epochs/unsharded.py finish (:88) should have "
     "waited for every rank's summary (each iterated the loader before); why not: not isolated"
 )
 WORLD3_EPOCH1 = (

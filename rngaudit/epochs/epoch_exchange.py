@@ -4,7 +4,7 @@ An observed or keyed epoch is published at its end (or when a rank left it early
 once every rank has published it: then, at a later epoch's first index batch, or when the
 process group goes (``destroy_process_group()``, or at exit), where every rank closes its
 observed loaders, waits a bounded time and judges what all published
-(:mod:`~rngaudit.epochs.unpublished`).
+(:mod:`~rngaudit.epochs.group_end`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 from rngaudit import peek
 from rngaudit.capture.patching import PatchSet
 from rngaudit.capture.recorder import RECORDER
-from rngaudit.epochs import early, first_step, observed, partition, sharding, unpublished
+from rngaudit.epochs import group_end, handed, partition, rendezvous, sharding, unsharded
 from rngaudit.epochs.judging import Judge
 from rngaudit.epochs.registry import ObservedEpoch, Registry
 from rngaudit.ranks import exchange
@@ -36,9 +36,9 @@ class EpochExchange:
     def __init__(self, registry: Registry, judge: Judge) -> None:
         self.registry = registry
         self.judge = judge
-        self.later: list[observed.Epoch] = []  # published epochs not compared yet
-        # observed epochs this rank left early, folded, not published yet (early.fold)
-        self.left: list[tuple[observed.Epoch, dict[str, Any]]] = []
+        self.later: list[unsharded.Epoch] = []  # published epochs not compared yet
+        # observed epochs this rank left early, folded, not published yet (handed.fold)
+        self.left: list[tuple[unsharded.Epoch, dict[str, Any]]] = []
         # run first when the group goes (the keyed epochs left open are published there)
         self.before_settle: list[Callable[[], None]] = []
         # destroy_process_group wrapped once a loader is observed, until the group goes (kept
@@ -53,14 +53,14 @@ class EpochExchange:
         self.observed_keys.add(key)
         self._hook_destroy()
 
-    def keep(self, epoch: observed.Epoch) -> None:
+    def keep(self, epoch: unsharded.Epoch) -> None:
         """``epoch``, published, compared later (the oldest dropped past ``MAX_PENDING``)."""
         with self.registry.lock:
             self.later.append(epoch)
-            dropped = self.later[: -observed.MAX_PENDING]
-            self.later = self.later[-observed.MAX_PENDING :]
+            dropped = self.later[: -unsharded.MAX_PENDING]
+            self.later = self.later[-unsharded.MAX_PENDING :]
         for old in dropped:  # never published by every rank (one rank's loader)
-            observed.forget(old)
+            unsharded.forget(old)
 
     def compare_later(self) -> None:
         """The published epochs every rank has published since: compared now, oldest first."""
@@ -69,7 +69,7 @@ class EpochExchange:
         ready = []
         for epoch in waiting:
             try:
-                got = observed.collect(epoch)
+                got = unsharded.collect(epoch)
             except Exception:
                 log.debug("rngaudit: could not read an observed epoch", exc_info=True)
                 continue
@@ -83,29 +83,29 @@ class EpochExchange:
     def left_early(self, tape: partition.Tape) -> None:
         """This rank left ``tape``'s observed epoch before its end (its iterator went, the
         loader began a new epoch, or the process group goes): what it was handed is kept to be
-        published (:func:`~rngaudit.epochs.early.fold`). Takes no lock (a finalizer may run it
+        published (:func:`~rngaudit.epochs.handed.fold`). Takes no lock (a finalizer may run it
         anywhere); never raises."""
         try:
             context = tape.context
             if not isinstance(context, ObservedEpoch):
                 return
-            first_step.unfollow(tape)
-            folded = early.fold(tape)
+            rendezvous.unfollow(tape)
+            folded = handed.fold(tape)
             if folded is None:
                 return
-            groups = observed.data_parallel_groups(scan=False)
+            groups = unsharded.data_parallel_groups(scan=False)
             summary = dict(folded, identity=context.loader.identity, training=context.training,
                            data_parallel=groups)  # fmt: skip
-            summary.update(first_step.fields(tape))
+            summary.update(rendezvous.fields(tape))
             self.left.append((context.epoch, summary))
-            del self.left[: -observed.MAX_PENDING]
+            del self.left[: -unsharded.MAX_PENDING]
         except Exception:
             log.debug("rngaudit: could not keep an epoch left early", exc_info=True)
 
     def left_before(self, iterator: Any) -> None:
         """A new epoch of an observed loader whose previous epoch this rank left early (a
         ``break``, then a new ``for``): what the rank took of it is published and compared now,
-        as at an epoch's end (:func:`~rngaudit.epochs.observed.finish`); raises as the verdict
+        as at an epoch's end (:func:`~rngaudit.epochs.unsharded.finish`); raises as the verdict
         says."""
         try:
             nodes = sharding.chain(peek.attr(iterator, "_index_sampler"))
@@ -124,7 +124,7 @@ class EpochExchange:
             return
         for epoch, summary in mine:
             try:
-                got = observed.finish(epoch, summary)
+                got = unsharded.finish(epoch, summary)
             except Exception:
                 log.warning(
                     "rngaudit: could not publish the loader's observed epoch", exc_info=True
@@ -133,7 +133,7 @@ class EpochExchange:
             if got is None:
                 with self.registry.lock:
                     self.later.append(epoch)
-                    del self.later[: -observed.MAX_PENDING]
+                    del self.later[: -unsharded.MAX_PENDING]
             else:
                 self.judge.judge(epoch, got)
 
@@ -141,7 +141,7 @@ class EpochExchange:
         self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kw: dict[str, Any]
     ) -> Any:
         """Before the process group goes (every rank calls this): the observed epochs some
-        rank had not published are compared now (:mod:`~rngaudit.epochs.unpublished`)."""
+        rank had not published are compared now (:mod:`~rngaudit.epochs.group_end`)."""
         if not args and not kw:  # the default group (a subgroup's end leaves the store)
             with RECORDER.paused():
                 self.settle()
@@ -173,7 +173,7 @@ class EpochExchange:
             sys.stderr.write(f"{exc}\n")
 
     def settle(self) -> None:
-        """Close this rank's observed loaders, wait (``unpublished.WAIT`` at most) for the
+        """Close this rank's observed loaders, wait (``group_end.WAIT`` at most) for the
         other ranks to publish or close the epochs still pending here, and judge those every
         rank published; those some rank did not are named in a warning (not compared)."""
         for hook in self.before_settle:
@@ -184,16 +184,16 @@ class EpochExchange:
         with self.registry.lock:
             left, self.left = self.left, []
         for epoch, summary in left:
-            early.publish(epoch, summary)  # before this rank closes the loader
+            handed.publish(epoch, summary)  # before this rank closes the loader
         with self.registry.lock:
             waiting, self.later = [*self.later, *(e for e, _ in left)], []
             keys = sorted(self.observed_keys)
         if not keys and not waiting:
             return
         try:
-            unpublished.close(keys)
-            timeout = min([unpublished.WAIT, *(e.watch.settings.timeout for e in waiting)])
-            settled = unpublished.settle(waiting, float(timeout))
+            group_end.close(keys)
+            timeout = min([group_end.WAIT, *(e.watch.settings.timeout for e in waiting)])
+            settled = group_end.settle(waiting, float(timeout))
         except Exception as exc:  # the store gone first (its host rank ended): one line
             log.warning("rngaudit: could not compare the epochs still pending (%r)", exc)
             return

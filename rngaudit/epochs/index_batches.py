@@ -19,7 +19,7 @@ from typing import Any
 from rngaudit import peek
 from rngaudit.capture.instrument import loaders as instrument_loaders
 from rngaudit.capture.recorder import RECORDER
-from rngaudit.epochs import ahead, early, first_step, observed, partition, sharding
+from rngaudit.epochs import handed, partition, rendezvous, sharding, suspended, unsharded
 from rngaudit.epochs.epoch_exchange import EpochExchange
 from rngaudit.epochs.judging import Judge
 from rngaudit.epochs.registry import (
@@ -71,7 +71,7 @@ class IndexBatches:
             state.pop("_rngaudit_planned", None)
             source = state.get("_sampler_iter")  # before a tee replaces it
             with RECORDER.paused():
-                first_step.sweep()  # the first-step hooks that fired: removed between forwards
+                rendezvous.sweep()  # the first-step hooks that fired: removed between forwards
                 self.epochs.left_before(instance)
                 if self.epochs.later:
                     self.epochs.compare_later()
@@ -109,7 +109,7 @@ class IndexBatches:
             if not (isinstance(source, types.GeneratorType) or builtin):
                 return
             first, second = itertools.tee(source)
-            if isinstance(tape.left, early.Left):
+            if isinstance(tape.left, handed.Left):
                 tape.left.second = second
             tape.teed = True
             segments = self._segments(first, second, tape)
@@ -124,7 +124,7 @@ class IndexBatches:
         a generator or a builtin iterator: exhausted, it stays so)."""
         fold = partition.FOLD
         while True:
-            yield early.segment(first, fold, tape)
+            yield handed.segment(first, fold, tape)
             with RECORDER.paused():
                 batches = list(itertools.islice(second, fold))
                 tape.take(batches)
@@ -197,7 +197,7 @@ class IndexBatches:
             context = ShardedEpoch(watch, shard, sharding.chain_name(nodes), state.checks)
             tape = partition.Tape(mapping[0], mapping[1], context)
             if sharding.has_own_iter(shard):  # its epoch may be compared as it is drawn
-                tape.left = early.left_of(iterator)
+                tape.left = handed.left_of(iterator)
             with self.registry.lock:
                 self.registry.tapes.add(tape)
             weakref.finalize(tape, self.surgery.release)  # an epoch never finished: stop waiting
@@ -208,7 +208,7 @@ class IndexBatches:
 
     def _open_observed(self, iterator: Any, nodes: list[Any]) -> partition.Tape | None:
         """An epoch of a map-style loader no known class shards, in a run of several ranks:
-        announced through the store and observed (:mod:`rngaudit.epochs.observed`)."""
+        announced through the store and observed (:mod:`rngaudit.epochs.unsharded`)."""
         if exchange.distributed() is None or not nodes:
             return None
         index = nodes[0]
@@ -233,7 +233,7 @@ class IndexBatches:
                     f"DataLoader over {type(root).__name__}(len={peek.size(root)})"
                     + (f" #{occurrence + 1}" if occurrence else "")
                 )
-                key = observed.loader_key(identity, chain, batch, occurrence)
+                key = unsharded.loader_key(identity, chain, batch, occurrence)
                 known = ObservedLoader(key, label, identity)
                 self.registry.observed[index] = known
         if not watch.every_epoch and known.epochs > 0:
@@ -241,18 +241,18 @@ class IndexBatches:
         mapping = partition.root_mapping(dataset)
         if mapping is None:
             return None
-        epoch = observed.Epoch(
+        epoch = unsharded.Epoch(
             known.key, known.epochs, known.label, sharding.chain_name(nodes), watch
         )
         known.epochs += 1
         self.epochs.observing(known.key)  # this rank closes it when the group goes
-        observed.start(epoch)
+        unsharded.start(epoch)
         torch = sys.modules.get("torch")
         training = bool(torch.is_grad_enabled()) if torch is not None else False
         tape = partition.Tape(mapping[0], mapping[1], ObservedEpoch(watch, epoch, known, training))
-        tape.left = early.left_of(iterator)
+        tape.left = handed.left_of(iterator)
         known.open = weakref.ref(tape)
-        early.watch(iterator, tape, self.epochs.left_early)  # a break: the iterator goes first
+        handed.watch(iterator, tape, self.epochs.left_early)  # a break: the iterator goes first
         with self.registry.lock:
             self.registry.tapes.add(tape)
         weakref.finalize(tape, self.surgery.release)
@@ -260,7 +260,7 @@ class IndexBatches:
 
     def _first_index(self, iterator: Any, tape: partition.Tape, source: Any, batch: Any) -> None:
         """An observed epoch's first index batch: what the data-parallel ranks compare at their
-        next training forward (:mod:`~rngaudit.epochs.first_step`): the batch's root samples
+        next training forward (:mod:`~rngaudit.epochs.rendezvous`): the batch's root samples
         and the whole epoch when its sampler's iterator holds it (read without a draw)."""
         try:
             context = tape.context
@@ -268,10 +268,10 @@ class IndexBatches:
                 return
             epoch, known, training = context.epoch, context.loader, context.training
             arm_modules()
-            if not observed.modules():
+            if not unsharded.modules():
                 return  # no data-parallel module: no training forward every rank is known to make
             summary: dict[str, Any] = {"known": False}
-            indices = ahead.epoch_indices(source, batch, peek.attr(iterator, "_index_sampler"))
+            indices = suspended.epoch_indices(source, batch, peek.attr(iterator, "_index_sampler"))
             if indices is not None:
                 size = len(batch) if isinstance(batch, list) else 1
                 whole = partition.Tape(tape.maps, tape.root_size)
@@ -285,23 +285,23 @@ class IndexBatches:
                 "ahead": summary,
                 "training": training,
             }
-            first_step.started(first_step.Started(epoch, weakref.ref(tape), record, self.judge))
+            rendezvous.started(rendezvous.Started(epoch, weakref.ref(tape), record, self.judge))
         except Exception:
             log.warning("rngaudit: could not read the observed epoch ahead", exc_info=True)
 
     def _observed_end(self, context: ObservedEpoch, tape: partition.Tape) -> None:
         """Publish what this rank took in an observed epoch; compare when every rank has."""
         epoch, known, training = context.epoch, context.loader, context.training
-        early.done(tape)
-        first_step.unfollow(tape)
+        handed.done(tape)
+        rendezvous.unfollow(tape)
         try:
-            groups = observed.data_parallel_groups(scan=not known.scanned)
+            groups = unsharded.data_parallel_groups(scan=not known.scanned)
             known.scanned = True
             summary = dict(
                 tape.summary(), identity=known.identity, training=training, data_parallel=groups
             )
-            summary.update(first_step.fields(tape))
-            got = observed.finish(epoch, summary)
+            summary.update(rendezvous.fields(tape))
+            got = unsharded.finish(epoch, summary)
         except Exception:
             log.warning("rngaudit: could not publish the loader's observed epoch", exc_info=True)
             return

@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 from rngaudit import findings as fk
-from rngaudit.epochs import early, first_step, keyed, observed, order_rules, partition
+from rngaudit.epochs import handed, keyed, order_rules, partition, rendezvous, unsharded
 from rngaudit.errors import RNGAuditError
 from rngaudit.findings import Finding
 from rngaudit.ranks import exchange
@@ -17,12 +17,12 @@ log = logging.getLogger("rngaudit")
 
 class Judge:
     """Judges the epochs every rank published (at an epoch's end, later, or at a training
-    forward: :class:`~rngaudit.epochs.first_step.Verdicts`); the same on every rank."""
+    forward: :class:`~rngaudit.epochs.rendezvous.Verdicts`); the same on every rank."""
 
     def __init__(self) -> None:
         self.partitioned: set[str] = set()  # loaders an epoch of which partitioned the data
 
-    def judge_first(self, epoch: observed.Epoch, published: dict[int, dict[str, Any]]) -> bool:
+    def judge_first(self, epoch: unsharded.Epoch, published: dict[int, dict[str, Any]]) -> bool:
         """The verdict on an observed epoch at its first training step, from every rank of the
         data-parallel group (the same on each): the whole epoch each rank's sampler holds.
         True when the epoch is to be compared again at later training forwards (a loader that
@@ -61,7 +61,7 @@ class Judge:
 
     def judge_so_far(
         self,
-        epoch: observed.Epoch,
+        epoch: unsharded.Epoch,
         published: dict[int, dict[str, Any]],
         forwards: int,
         sharded_by: str | None = None,
@@ -84,7 +84,7 @@ class Judge:
         return bool(found)
 
     def warn_first(
-        self, epoch: observed.Epoch, missing: list[int], arrived: list[int], timeout: float
+        self, epoch: unsharded.Epoch, missing: list[int], arrived: list[int], timeout: float
     ) -> None:
         """Ranks of the data-parallel group did not reach the training forward: a warning."""
         finding = fk.rank_missing(
@@ -100,7 +100,7 @@ class Judge:
             epoch.watch.session.add_check(label, [finding], arrived)
         epoch.watch.act([finding], label)
 
-    def judge_all(self, ready: list[tuple[observed.Epoch, list[dict[str, Any]]]]) -> None:
+    def judge_all(self, ready: list[tuple[unsharded.Epoch, list[dict[str, Any]]]]) -> None:
         """Judge every epoch, oldest first, each one's findings filed in the report; the
         first error is raised once all are judged (an earlier epoch's error never leaves a
         later one uncompared and unreported)."""
@@ -114,7 +114,7 @@ class Judge:
         if first is not None:
             raise first
 
-    def judge(self, epoch: observed.Epoch, published: list[dict[str, Any]]) -> None:
+    def judge(self, epoch: unsharded.Epoch, published: list[dict[str, Any]]) -> None:
         """The verdict on one observed epoch, from every rank's summary (the same on every
         rank): raised or warned as the watch's mode says."""
         if any(r.get("keyed") for r in published):
@@ -124,7 +124,7 @@ class Judge:
         label = f"observed partition of epoch {epoch.epoch} of {epoch.label} ({epoch.chain})"
         try:
             summaries = {int(r["rank"]): r for r in published}
-            if (epoch.key, epoch.epoch) in first_step.DECIDED:
+            if (epoch.key, epoch.epoch) in rendezvous.DECIDED:
                 return  # judged, with a finding, before its first training step
             left = any(s.get("partial") for s in summaries.values())
             if not one_loader(summaries, left):
@@ -139,7 +139,7 @@ class Judge:
             finding, exact = order_rules.observed_overlap(
                 summaries, epoch.label, epoch.chain, epoch.epoch,
                 epoch.key in self.partitioned, data_parallel,
-                left=early.phrase(summaries) if left else None,
+                left=handed.phrase(summaries) if left else None,
             )  # fmt: skip
             if exact and not left:  # a partial epoch is no evidence that the loader partitions
                 self.partitioned.add(epoch.key)
@@ -153,7 +153,7 @@ class Judge:
         epoch.watch.act(found, label)
 
     def _judge_keyed_first(
-        self, epoch: observed.Epoch, published: dict[int, dict[str, Any]]
+        self, epoch: unsharded.Epoch, published: dict[int, dict[str, Any]]
     ) -> None:
         """The data-parallel group's first batches of a keyed epoch, at the module's first
         training forward on it: an id two ranks' first batches share is an error (no padding
@@ -168,18 +168,18 @@ class Judge:
             finding = keyed.verdict(firsts, epoch.label, name, epoch.epoch, 0, True, [], True)
             if finding is not None:
                 found.append(finding)
-                first_step.DECIDED.add((epoch.key, epoch.epoch))
+                rendezvous.DECIDED.add((epoch.key, epoch.epoch))
                 epoch.watch.session.add_check(label, found, published)
         except Exception:
             log.warning("rngaudit: the keyed first-step comparison failed", exc_info=True)
         epoch.watch.act(found, label)
 
-    def _judge_keyed(self, epoch: observed.Epoch, published: list[dict[str, Any]]) -> None:
+    def _judge_keyed(self, epoch: unsharded.Epoch, published: list[dict[str, Any]]) -> None:
         """The verdict on one keyed epoch (the same on every rank): raised or warned."""
         found: list[Finding] = []
         label = f"keyed partition of epoch {epoch.epoch} of {epoch.label} ({epoch.chain})"
         try:
-            if (epoch.key, epoch.epoch) in first_step.DECIDED:
+            if (epoch.key, epoch.epoch) in rendezvous.DECIDED:
                 return  # judged, with a finding, before its first training step
             summaries = {int(r["rank"]): r for r in published}
             if not all(s.get("keyed") for s in summaries.values()):
@@ -205,11 +205,11 @@ def ranks_of(records: Any) -> list[int]:
 
 
 def _decided_early(
-    epoch: observed.Epoch, label: str, finding: Finding, published: dict[int, Any]
+    epoch: unsharded.Epoch, label: str, finding: Finding, published: dict[int, Any]
 ) -> list[Finding]:
     """A finding on an epoch before its end: filed in the report, and the epoch's end does not
     judge it again."""
-    first_step.DECIDED.add((epoch.key, epoch.epoch))
+    rendezvous.DECIDED.add((epoch.key, epoch.epoch))
     epoch.watch.session.add_check(label, [finding], published)
     return [finding]
 

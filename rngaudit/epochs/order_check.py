@@ -19,7 +19,7 @@ from typing import Any
 from rngaudit import peek
 from rngaudit.capture.patching import PatchSet
 from rngaudit.capture.recorder import RECORDER
-from rngaudit.epochs import first_step, sharding
+from rngaudit.epochs import rendezvous, sharding
 from rngaudit.epochs.epoch_exchange import EpochExchange
 from rngaudit.epochs.index_batches import IndexBatches
 from rngaudit.epochs.judging import Judge
@@ -158,7 +158,7 @@ class EpochGuard:
         tape = instance.__dict__.get("_rngaudit_tape")
         if tape is not None and isinstance(tape.context, ObservedEpoch):  # its content
             with RECORDER.paused():
-                first_step.content(tape, batch)
+                rendezvous.content(tape, batch)
         with RECORDER.paused():
             keyed_epoch = self.keyed.first(instance, batch)
         # nothing to observe until the next epoch begins, or only the index batches

@@ -12,7 +12,7 @@ from rngaudit import forksafe, peek, schema
 from rngaudit.capture import naming
 from rngaudit.capture.recorder import RECORDER
 from rngaudit.config import Settings
-from rngaudit.epochs import observed, partition, sharding
+from rngaudit.epochs import partition, sharding, unsharded
 from rngaudit.findings import Finding
 from rngaudit.ranks.policy import act, fails
 from rngaudit.reports.model import AuditReport
@@ -93,7 +93,7 @@ class ObservedEpoch:
     """What a tape observes: one epoch of a loader no known class shards."""
 
     watch: Watch
-    epoch: observed.Epoch
+    epoch: unsharded.Epoch
     loader: ObservedLoader
     training: bool
 

@@ -16,7 +16,7 @@ import weakref
 from typing import Any, cast
 
 from rngaudit import peek, schema
-from rngaudit.epochs import ahead, first_step, observed, order_rules, partition, sharding
+from rngaudit.epochs import order_rules, partition, rendezvous, sharding, suspended, unsharded
 from rngaudit.epochs.judging import Judge, ranks_of
 from rngaudit.epochs.registry import LoaderState, Registry, ShardedEpoch, Watch
 from rngaudit.epochs.surgery import Surgery, arm_modules, draw_summary
@@ -32,7 +32,7 @@ class ShardedCheck:
     def __init__(self, registry: Registry, surgery: Surgery, judge: Judge) -> None:
         self.registry = registry
         self.surgery = surgery
-        self.judge = judge  # what first_step hands a followed epoch's verdict to
+        self.judge = judge  # what rendezvous hands a followed epoch's verdict to
 
     def first_batch(self, iterator: Any, batch: Any = None) -> None:
         """An epoch's first batch of a sharded loader: the ranks compare what they shard."""
@@ -80,7 +80,7 @@ class ShardedCheck:
         """A DistributedSampler subclass drew its epoch from state that differs across ranks
         and yields it lazily (its shares could not be read ahead, a warning): under the one
         data-parallel module of the whole world, what each rank was handed is compared at its
-        training forwards 2, 4, 8, ... of the epoch (:func:`~rngaudit.epochs.first_step.follow`),
+        training forwards 2, 4, 8, ... of the epoch (:func:`~rngaudit.epochs.rendezvous.follow`),
         each before the next step; the epoch's end is the check without one. Every rank takes
         this branch (the finding came from the same records); never raises."""
         try:
@@ -89,17 +89,17 @@ class ShardedCheck:
             if tape is None or tape.closed or where is None or not tape.known:
                 return
             arm_modules()
-            modules = observed.modules()
+            modules = unsharded.modules()
             replicas = peek.integer(peek.attr(shard, "num_replicas"), -1)
             if len(modules) != 1 or replicas != where[1]:
                 return  # which module's steps every rank takes is not known: the epoch's end
-            if observed.group_of(modules[0]) != list(range(where[1])):
+            if unsharded.group_of(modules[0]) != list(range(where[1])):
                 return
-            epoch = observed.Epoch(
+            epoch = unsharded.Epoch(
                 shard_key(state), record["epoch"], state.label, record["chain"], watch
             )
             torch = sys.modules.get("torch")
-            item = first_step.Started(
+            item = rendezvous.Started(
                 epoch,
                 weakref.ref(tape),
                 {
@@ -108,7 +108,7 @@ class ShardedCheck:
                 },
                 self.judge,
             )
-            first_step.follow(item, modules[0], forwards=0)
+            rendezvous.follow(item, modules[0], forwards=0)
         except Exception:
             log.debug("rngaudit: could not follow the epoch as it is drawn", exc_info=True)
 
@@ -184,11 +184,11 @@ class ShardedCheck:
         overlap beyond padding."""
         watch, shard, chain, epoch = context.watch, context.shard, context.chain, context.epoch
         found: list[Finding] = []
-        first_step.unfollow(tape)
+        rendezvous.unfollow(tape)
         with self.registry.lock:
             state = self.registry.state(shard)
         label = f"partition of epoch {epoch} of {state.label} ({chain})"
-        if (shard_key(state), epoch) in first_step.DECIDED:
+        if (shard_key(state), epoch) in rendezvous.DECIDED:
             self.surgery.release()  # found as it was drawn, on every rank: not judged again
             return
         try:
@@ -287,12 +287,12 @@ def planned(
             return None
         sampler = index_sampler
         it = source
-        if isinstance(source, types.GeneratorType) and ahead.delegate(source) is None:
+        if isinstance(source, types.GeneratorType) and suspended.delegate(source) is None:
             frame = source.gi_frame
             it = frame.f_locals.get("sampler_iter") if frame is not None else None
             sampler = peek.attr(index_sampler, "sampler")
-        inner = ahead.delegate(it)
-        found = ahead.sequence(inner) if inner is not None else None
+        inner = suspended.delegate(it)
+        found = suspended.sequence(inner) if inner is not None else None
         if found is None:
             return None  # exhausted, or of another kind
         items = found[0]
@@ -310,7 +310,7 @@ def planned_summary(planned: Any) -> dict[str, Any] | None:
         if not isinstance(planned, tuple):
             return None
         items, tape = planned
-        values = ahead.ints(items)
+        values = suspended.ints(items)
         if values is None:
             return None
         epoch = partition.Tape(tape.maps, tape.root_size)

@@ -18,7 +18,7 @@ from typing import Any
 
 from rngaudit import peek
 from rngaudit.capture.recorder import RECORDER
-from rngaudit.epochs import first_step, keyed, observed
+from rngaudit.epochs import keyed, rendezvous, unsharded
 from rngaudit.epochs.epoch_exchange import EpochExchange
 from rngaudit.epochs.judging import Judge
 from rngaudit.epochs.registry import Registry, loader_label
@@ -42,12 +42,12 @@ class KeyedLoader:
     unknown_logged: bool = False
 
 
-@dataclass(eq=False)  # hashed by identity (first_step keeps it in a weak dictionary)
+@dataclass(eq=False)  # hashed by identity (rendezvous keeps it in a weak dictionary)
 class KeyedEpoch:
     """One epoch of a keyed loader on this rank: the ids taken so far."""
 
     loader: KeyedLoader
-    epoch: observed.Epoch
+    epoch: unsharded.Epoch
     source: Any  # the iterator's _sampler_iter of this epoch (held: its id is not reused)
     taken: keyed.Taken = field(default_factory=keyed.Taken)
     closed: bool = False
@@ -96,9 +96,9 @@ class KeyedStreams:
                     batch_size=current.loader.batch_size,
                     key_name=current.loader.spec.name,
                     partial=True,
-                    data_parallel=observed.data_parallel_groups(scan=False),
+                    data_parallel=unsharded.data_parallel_groups(scan=False),
                 )
-                observed.publish(current.epoch, summary)
+                unsharded.publish(current.epoch, summary)
                 self.epochs.keep(current.epoch)
 
     def first(self, iterator: Any, batch: Any) -> bool:
@@ -137,18 +137,18 @@ class KeyedStreams:
         if not watch.every_epoch and known.epochs > 0:
             return False
         try:
-            epoch = observed.Epoch(
+            epoch = unsharded.Epoch(
                 known.key, known.epochs, known.label, f"keyed by {known.spec.name}", watch
             )
             known.epochs += 1
             self.epochs.observing(known.key)  # this rank closes it when the group goes
-            observed.start(epoch)
+            unsharded.start(epoch)
             current = KeyedEpoch(known, epoch, iterator.__dict__.get("_sampler_iter"))
             current.add(batch)
             known.current = current
             with self.registry.lock:
                 self.keyed_open = [e for e in self.keyed_open if not e.closed][
-                    -observed.MAX_PENDING :
+                    -unsharded.MAX_PENDING :
                 ]
                 self.keyed_open.append(current)
             iterator.__dict__[KEYED] = current
@@ -160,11 +160,11 @@ class KeyedStreams:
 
     def _keyed_first_step(self, current: KeyedEpoch, batch: Any) -> None:
         """Under a data-parallel module, the keyed epoch's first batch: its ids compared by the
-        group at the module's next training forward (:mod:`~rngaudit.epochs.first_step`),
+        group at the module's next training forward (:mod:`~rngaudit.epochs.rendezvous`),
         before the step; a first batch two ranks share is proof of duplication."""
         try:
             arm_modules()
-            if not observed.modules():
+            if not unsharded.modules():
                 return  # no data-parallel module: no training forward every rank makes
             ids = keyed.read(batch, current.loader.spec.key)
             if ids is None:
@@ -178,8 +178,8 @@ class KeyedStreams:
                 "first_ids": first.summary(),
                 "key_name": current.loader.spec.name,
             }
-            item = first_step.Started(current.epoch, weakref.ref(current), record, self.judge)
-            first_step.started(item)
+            item = rendezvous.Started(current.epoch, weakref.ref(current), record, self.judge)
+            rendezvous.started(item)
         except Exception:
             log.warning("rngaudit: could not arm the keyed first-step check", exc_info=True)
 
@@ -191,7 +191,7 @@ class KeyedStreams:
             mine = [e for e in self.epochs.later if e.key == key]
         for epoch in mine:  # (a rank never waits here for an epoch it alone iterates)
             try:
-                got = observed.announced(epoch)
+                got = unsharded.announced(epoch)
             except Exception:
                 log.debug("rngaudit: could not read a keyed epoch", exc_info=True)
                 continue
@@ -236,7 +236,10 @@ class KeyedStreams:
                 f"DataLoader over {cls.__name__}" + (f" #{occurrence + 1}" if occurrence else "")
             )
             known = KeyedLoader(
-                observed.loader_key(identity, f"keyed {where}", size, occurrence), label, spec, size
+                unsharded.loader_key(identity, f"keyed {where}", size, occurrence),
+                label,
+                spec,
+                size,
             )
             try:
                 self.keyed[index] = known
@@ -263,7 +266,7 @@ class KeyedStreams:
         current.closed = True
         known, epoch = current.loader, current.epoch
         try:
-            groups = observed.data_parallel_groups(scan=not known.scanned)
+            groups = unsharded.data_parallel_groups(scan=not known.scanned)
             known.scanned = True
             summary = dict(
                 current.taken.summary(),
@@ -273,13 +276,13 @@ class KeyedStreams:
                 data_parallel=groups,
             )
             current.taken = keyed.Taken()  # published: the ids are not held any longer
-            observed.publish(epoch, summary)
+            unsharded.publish(epoch, summary)
         except Exception:
             log.warning("rngaudit: could not publish the keyed loader's epoch", exc_info=True)
             return
         self._keyed_pending(known.key)  # earlier epochs first (may raise)
         try:
-            got = observed.finish(epoch, summary)
+            got = unsharded.finish(epoch, summary)
         except Exception:
             log.warning("rngaudit: could not publish the keyed loader's epoch", exc_info=True)
             return

@@ -23,7 +23,7 @@ from rngaudit import schema
 from rngaudit.capture.instrument import loaders as instrument_loaders
 from rngaudit.capture.patching import PatchSet
 from rngaudit.capture.recorder import RECORDER
-from rngaudit.epochs import first_step, observed, sharding
+from rngaudit.epochs import rendezvous, sharding, unsharded
 from rngaudit.epochs.registry import Registry
 from rngaudit.schema import DRAW
 
@@ -69,12 +69,12 @@ class Surgery:
             if self.installed:
                 return
             self.installed = True
-            observed.installed(torch_loaded="torch" in sys.modules)
+            unsharded.installed(torch_loaded="torch" in sys.modules)
             for name in ("torch.utils.data.dataloader", "accelerate.data_loader"):
                 self.patches.when_imported(name, self.on_import)
-            for name, _ in observed.DATA_PARALLEL_CLASSES[:2]:
+            for name, _ in unsharded.DATA_PARALLEL_CLASSES[:2]:
                 self.patches.when_imported(name, self.on_import)
-            for name in observed.FULLY_SHARD_MODULES:
+            for name in unsharded.FULLY_SHARD_MODULES:
                 self.patches.when_imported(name, self.on_import)
 
     def on_import(self, module: Any) -> None:
@@ -88,12 +88,12 @@ class Surgery:
                     self.patches.wrap(cls, "__next__", self._next)
                 if not self.patches.replaced(cls, "_next_index"):
                     self.patches.wrap(cls, "_next_index", self._next_index)
-            elif name in dict(observed.DATA_PARALLEL_CLASSES[:2]):  # DDP, FSDP
-                cls = getattr(module, dict(observed.DATA_PARALLEL_CLASSES)[name], None)
+            elif name in dict(unsharded.DATA_PARALLEL_CLASSES[:2]):  # DDP, FSDP
+                cls = getattr(module, dict(unsharded.DATA_PARALLEL_CLASSES)[name], None)
                 init = cls.__dict__.get("__init__") if isinstance(cls, type) else None
                 if init is not None and not self.patches.replaced(cls, "__init__"):
                     self.patches.wrap(cls, "__init__", _note_module)
-            elif name in observed.FULLY_SHARD_MODULES:
+            elif name in unsharded.FULLY_SHARD_MODULES:
                 shard = getattr(module, "fully_shard", None)
                 if callable(shard) and not self.patches.replaced(module, "fully_shard"):
                     self.patches.wrap(module, "fully_shard", _note_sharded)
@@ -328,8 +328,8 @@ def _note_module(
     """A DistributedDataParallel / FSDP module built: the data-parallel signal."""
     result = wrapped(*args, **kw)
     if instance is not None:
-        observed.note_module(instance)
-        first_step.noted(instance)
+        unsharded.note_module(instance)
+        rendezvous.noted(instance)
     return result
 
 
@@ -340,8 +340,8 @@ def _note_sharded(
     result = wrapped(*args, **kw)
     with contextlib.suppress(Exception):
         for module in result if isinstance(result, list | tuple) else [result]:
-            observed.note_module(module)
-            first_step.noted(module)
+            unsharded.note_module(module)
+            rendezvous.noted(module)
     return result
 
 
@@ -349,9 +349,9 @@ def arm_modules() -> None:
     """Every data-parallel module of this process armed for its first training forward (the
     heap searched once per installation for those built before the guard)."""
     with contextlib.suppress(Exception):
-        observed.data_parallel_groups(scan=True)
-        for module in observed.modules():
-            first_step.noted(module)
+        unsharded.data_parallel_groups(scan=True)
+        for module in unsharded.modules():
+            rendezvous.noted(module)
 
 
 def draw_summary(event: schema.Event) -> schema.SamplerDraw:

@@ -178,11 +178,11 @@ def _replicated(optimizer: Any) -> dict[tuple[int, ...], dict[str, tuple[str, An
 
 def _wrapper_groups() -> dict[int, tuple[tuple[int, ...], str]]:
     """id(parameter) -> (its replicate group, the wrapper) for DDP and FSDP1 modules."""
-    from rngaudit.epochs import observed
+    from rngaudit.epochs import unsharded
 
-    observed.data_parallel_groups(scan=True)  # those built before rngaudit was (once)
+    unsharded.data_parallel_groups(scan=True)  # those built before rngaudit was (once)
     out: dict[int, tuple[tuple[int, ...], str]] = {}
-    for module in list(observed.modules()):
+    for module in list(unsharded.modules()):
         with contextlib.suppress(Exception):
             name = type(module).__name__
             if name == "DistributedDataParallel":
@@ -291,7 +291,7 @@ def _swap(
     ranks: tuple[int, ...], rank: int, mine: dict[str, Any], timeout: float
 ) -> dict[int, dict[str, Any]] | list[int]:
     """Every rank's digests, or the ranks missing after ``timeout``."""
-    from rngaudit.epochs import observed
+    from rngaudit.epochs import unsharded
 
     store = exchange._store()
     name = hashlib.blake2b(",".join(map(str, ranks)).encode(), digest_size=6).hexdigest()
@@ -300,7 +300,7 @@ def _swap(
     base = f"{PREFIX}/{name}/{n}"
     keys = [f"{base}/{r}" for r in ranks]
     store.set(f"{base}/{rank}", exchange.encode(mine))
-    observed.wait(store, keys, timeout)
+    unsharded.wait(store, keys, timeout)
     missing = [r for r, k in zip(ranks, keys, strict=True) if not store.check([k])]
     if missing:
         return missing

@@ -15,7 +15,7 @@ from ranks_in_process import Ranks
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from rngaudit.config import Settings
-from rngaudit.epochs import early, judging, observed, order_check, order_rules, partition
+from rngaudit.epochs import handed, judging, order_check, order_rules, partition, unsharded
 from rngaudit.epochs.order_check import Watch
 from rngaudit.errors import RNGDivergenceError
 from rngaudit.ranks import exchange
@@ -136,7 +136,7 @@ def test_a_partial_overlap_says_how_far_each_rank_got_and_claims_nothing_missing
         0: _partial(list(range(0, 10)), 5, training=True),
         1: _partial(list(range(4, 14)), 5, training=True),
     }
-    phrase = early.phrase(summaries)
+    phrase = handed.phrase(summaries)
     assert phrase == "rank 0 after 5 of 16 batches, rank 1 after 5"
     finding, exact = order_rules.observed_overlap(
         summaries, "DataLoader", "MySampler", 0, False, True, left=phrase
@@ -193,7 +193,7 @@ def test_a_persistent_iterators_epoch_left_early_is_published_at_its_next_epoch(
         taken = [next(it).tolist() for _ in range(3)]
         first = next(iter(loader)).tolist()  # the next epoch: the same iterator, reset
         [epoch] = guard.epochs.later
-        summary = ranks.get(f"{observed.PREFIX}/{epoch.key}/0/end/0")
+        summary = ranks.get(f"{unsharded.PREFIX}/{epoch.key}/0/end/0")
         assert summary["partial"] and summary["batches"] == 3 and summary["length"] == N // 2
         assert _samples(summary) == {i for batch in taken for i in batch}
         assert len(first) == 2 and not guard.epochs.left
@@ -237,8 +237,8 @@ def test_an_epoch_left_open_when_the_group_goes_raises_there_on_an_overlap(
                       training=True, data_parallel=None)  # fmt: skip
         assert not guard.epochs.later and not guard.epochs.left
         with ranks.playing(1):
-            ranks.store.set(f"{observed.PREFIX}/{known.key}/iterated/1", b"1")
-            ranks.store.set(f"{observed.PREFIX}/{known.key}/0/end/1", exchange.encode(theirs))
+            ranks.store.set(f"{unsharded.PREFIX}/{known.key}/iterated/1", b"1")
+            ranks.store.set(f"{unsharded.PREFIX}/{known.key}/0/end/1", exchange.encode(theirs))
         with pytest.raises(RNGDivergenceError) as raised:
             guard.settle()
         shared = len(set(taken[0]))
@@ -260,7 +260,7 @@ def test_an_epoch_left_open_when_the_group_goes_raises_there_on_an_overlap(
 def test_an_epoch_so_far_is_read_without_a_draw_and_the_epoch_goes_on_unchanged(
     guard: order_check.EpochGuard, workers: int
 ) -> None:
-    """Mid-epoch, :func:`early.snapshot` summarises the batches handed so far (from the tee's
+    """Mid-epoch, :func:`handed.snapshot` summarises the batches handed so far (from the tee's
     buffer, the prefetch left out) and leaves the tape, the tee and the sampler as they are:
     the epoch goes on to the same batches and the same generator state as unaudited."""
     kw: dict[str, Any] = {"num_workers": workers}
@@ -276,7 +276,7 @@ def test_an_epoch_so_far_is_read_without_a_draw_and_the_epoch_goes_on_unchanged(
     audited = [next(it).tolist() for _ in range(3)]
     tape = it.__dict__["_rngaudit_tape"]
     before = (tape.batches, list(tape.pending), tape.closed)
-    summary = early.snapshot(tape)
+    summary = handed.snapshot(tape)
     assert summary is not None and summary["partial"] and summary["known"]
     assert summary["batches"] == 3 and summary["length"] == N // 2
     assert _samples(summary) == {i for batch in plain[:3] for i in batch}
@@ -284,4 +284,4 @@ def test_an_epoch_so_far_is_read_without_a_draw_and_the_epoch_goes_on_unchanged(
     audited += [b.tolist() for b in it]
     assert audited == plain
     assert torch.equal(gen.get_state(), plain_gen.get_state())
-    assert early.snapshot(tape) is None  # the epoch ended: nothing so far to read
+    assert handed.snapshot(tape) is None  # the epoch ended: nothing so far to read

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rngaudit import peek
-from rngaudit.epochs import observed, partition
+from rngaudit.epochs import partition, unsharded
 from rngaudit.ranks import exchange
 
 log = logging.getLogger("rngaudit")
@@ -185,14 +185,14 @@ def snapshot(tape: Any) -> dict[str, Any] | None:
     return summary
 
 
-def publish(epoch: observed.Epoch, summary: dict[str, Any]) -> None:
+def publish(epoch: unsharded.Epoch, summary: dict[str, Any]) -> None:
     """This rank's summary of ``epoch`` in the store, without waiting for the others."""
     where = exchange.distributed()
     if where is None:
         return
     with contextlib.suppress(Exception):
         store = exchange._store()
-        store.set(f"{observed.PREFIX}/{epoch.key}/{epoch.epoch}/end/{where[0]}",
+        store.set(f"{unsharded.PREFIX}/{epoch.key}/{epoch.epoch}/end/{where[0]}",
                   exchange.encode(summary))  # fmt: skip
 
 

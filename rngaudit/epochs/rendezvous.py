@@ -30,7 +30,7 @@ from typing import Any, Protocol
 from rngaudit import forksafe
 from rngaudit.capture.recorder import RECORDER
 from rngaudit.config import DEFAULT_TIMEOUT
-from rngaudit.epochs import ahead, observed
+from rngaudit.epochs import suspended, unsharded
 from rngaudit.ranks import exchange
 
 log = logging.getLogger("rngaudit")
@@ -41,13 +41,13 @@ MAX_PENDING = 64  # started epochs kept until a rendezvous, per process
 class Verdicts(Protocol):
     """What the rendezvous hands the group's published epochs to (the epoch checks' judge)."""
 
-    def judge_first(self, epoch: observed.Epoch, published: dict[int, dict[str, Any]]) -> bool:
+    def judge_first(self, epoch: unsharded.Epoch, published: dict[int, dict[str, Any]]) -> bool:
         """The verdict at the first training step; True: compared again at later forwards."""
         ...
 
     def judge_so_far(
         self,
-        epoch: observed.Epoch,
+        epoch: unsharded.Epoch,
         published: dict[int, dict[str, Any]],
         forwards: int,
         sharded_by: str | None = None,
@@ -56,7 +56,7 @@ class Verdicts(Protocol):
         ...
 
     def warn_first(
-        self, epoch: observed.Epoch, missing: list[int], arrived: list[int], timeout: float
+        self, epoch: unsharded.Epoch, missing: list[int], arrived: list[int], timeout: float
     ) -> None:
         """Ranks of the group did not reach the training forward: a warning."""
         ...
@@ -66,7 +66,7 @@ class Verdicts(Protocol):
 class Started:
     """One observed epoch this rank started, waiting for the group's next training forward."""
 
-    epoch: observed.Epoch
+    epoch: unsharded.Epoch
     tape: Any  # weakref.ref to its partition.Tape
     record: dict[str, Any]  # what is published: key, epoch, first, content, ahead, ...
     verdicts: Verdicts  # where the group's published epochs are judged
@@ -119,7 +119,7 @@ def sweep() -> None:
 def _arm(module: Any) -> None:
     """The one-shot hook on ``module`` (with the lock held); never raises."""
     _sweep()  # a spent hook of the module's last rendezvous goes first: one hook a module
-    if module in _hooks or _group_key(observed.group_of(module)) in _given_up:
+    if module in _hooks or _group_key(unsharded.group_of(module)) in _given_up:
         return
     entry = _following.get(id(module))
     if entry is not None and entry[0]() is module:
@@ -153,7 +153,7 @@ def started(item: Started) -> None:
         if tape is not None:
             _by_tape[tape] = item
         if item.epoch.key in _agreed:
-            for module in list(observed.modules()):
+            for module in list(unsharded.modules()):
                 _arm(module)
 
 
@@ -162,7 +162,7 @@ def content(tape: Any, batch: Any) -> None:
     with _lock:
         item = _by_tape.get(tape)
     if item is not None and "content" not in item.record:
-        item.record["content"] = ahead.digest(batch)
+        item.record["content"] = suspended.digest(batch)
 
 
 def fields(tape: Any) -> dict[str, Any]:
@@ -194,11 +194,11 @@ def _hook(module: Any, args: Any) -> None:
 
 
 def _rendezvous(module: Any) -> None:
-    ranks = observed.group_of(module)
+    ranks = unsharded.group_of(module)
     key = _group_key(ranks)
     with _lock:
         for other in list(_hooks.keys()):  # one rendezvous per group and arming
-            if _group_key(observed.group_of(other)) == key:
+            if _group_key(unsharded.group_of(other)) == key:
                 handle = _hooks.pop(other)
                 if handle is not None:  # (None: the counting hook's, kept)
                     _spent.append((weakref.ref(other), handle))  # removed later
@@ -216,14 +216,14 @@ def _rendezvous(module: Any) -> None:
     missing: list[int] = []
     try:
         store = exchange._store()
-        base = f"{observed.PREFIX}/step/{key}/{n}"
+        base = f"{unsharded.PREFIX}/step/{key}/{n}"
         store.set(f"{base}/{rank}", exchange.encode({"epochs": [s.record for s in mine]}))
         keys = [f"{base}/{r}" for r in ranks]
         if not mine:  # nothing of its own to compare: its (empty) record is all the others need
             if store.add(f"{base}/read", 1) == len(ranks):
                 exchange._delete(store, [*keys, f"{base}/read"])
             return
-        observed.wait(store, keys, timeout)
+        unsharded.wait(store, keys, timeout)
         arrived = [r for r, k in zip(ranks, keys, strict=True) if store.check([k])]
         if len(arrived) < len(ranks):
             with _lock:
@@ -285,7 +285,7 @@ def follow(item: Started, module: Any, forwards: int = 1) -> None:
     from its first batch, outside a forward: the module's armed hook, if any, counts, else
     one is added there)."""
     with contextlib.suppress(Exception):
-        ranks = observed.group_of(module)
+        ranks = unsharded.group_of(module)
         with _lock:
             entry = _following.get(id(module))
             if entry is None or entry[0]() is not module:
@@ -360,15 +360,15 @@ def _advance(module: Any, follows: list[Follow]) -> None:
 
 def _base(f: Follow, forwards: int) -> str:
     e = f.item.epoch
-    return f"{observed.PREFIX}/sofar/{f.group}/{e.key}/{e.epoch}/{forwards}"
+    return f"{unsharded.PREFIX}/sofar/{f.group}/{e.key}/{e.epoch}/{forwards}"
 
 
 def _publish_so_far(module: Any, f: Follow) -> bool:
-    from rngaudit.epochs import early
+    from rngaudit.epochs import handed
 
     where = exchange.distributed()
     tape = f.item.tape()
-    summary = early.snapshot(tape) if tape is not None else None
+    summary = handed.snapshot(tape) if tape is not None else None
     if where is None or summary is None:
         _drop(module, f)  # every rank drops it at the same forward when none can read it
         return False
@@ -387,7 +387,7 @@ def _compare_so_far(module: Any, f: Follow, forwards: int) -> None:
     keys = [f"{base}/{r}" for r in f.ranks]
     try:
         store = exchange._store()
-        observed.wait(store, keys, FOLLOW_WAIT)  # published before the step all-reduced
+        unsharded.wait(store, keys, FOLLOW_WAIT)  # published before the step all-reduced
         if not all(store.check([k]) for k in keys):
             log.info(
                 "rngaudit: epoch %d of %s: not every rank published what it was handed by its "
