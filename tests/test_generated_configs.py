@@ -74,7 +74,7 @@ WINDOW = (
     "misses it: "
 )
 UNEQUAL_BATCHES = (
-    "_one_loader (rngaudit/epochs/order_check.py:1712) skips ranks with unequal index-batch "
+    "judging.one_loader (rngaudit/epochs/judging.py:242) skips ranks with unequal index-batch "
     "counts (the per-rank Subsets differ in length)"
 )
 ONE_RANK = (
