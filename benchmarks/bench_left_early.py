@@ -2,10 +2,10 @@
 and once per epoch left (the fold of the tee's buffer and the summary), in one process.
 
 Per batch: the index batches of an epoch (batches of 32 Python ints) pulled through a chain of
-segments as ``EpochGuard._segments`` builds them, with ``early.segment`` (an observed epoch:
+segments as ``IndexBatches._segments`` builds them, with ``handed.segment`` (an observed epoch:
 ``map(itemgetter(0), zip(islice(tee, 256), count()))``) against a plain ``islice`` (a sharded
 loader's, as before), least of ``--rounds``. Once per epoch: a teed epoch of 40,000 samples left
-after ``--taken`` batches, folded (``early.fold``: the segment's batches read from the tee's
+after ``--taken`` batches, folded (``handed.fold``: the segment's batches read from the tee's
 buffer, mapped into the bitmap, the summary) and the ``weakref.finalize`` that watches its
 iterator, made and detached. Prints one JSON object.
 """
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from rngaudit.epochs import early, partition
+from rngaudit.epochs import handed, partition
 
 N = 40_000
 BATCH = 32
@@ -38,13 +38,13 @@ def _epoch() -> list[list[int]]:
 def _per_batch(batches: list[list[int]], observed: bool) -> float:
     tape = partition.Tape([], N)
     if observed:
-        tape.left = early.Left(0, len(batches))
+        tape.left = handed.Left(0, len(batches))
     first, second = itertools.tee(iter(batches))
 
     def segments() -> Any:
         while True:
             if observed:
-                yield early.segment(first, partition.FOLD, tape)
+                yield handed.segment(first, partition.FOLD, tape)
             else:
                 yield itertools.islice(first, partition.FOLD)
             held = list(itertools.islice(second, partition.FOLD))  # the buffer, not folded here
@@ -59,12 +59,12 @@ def _per_batch(batches: list[list[int]], observed: bool) -> float:
 
 def _fold(batches: list[list[int]], taken: int) -> tuple[float, int]:
     tape = partition.Tape([], N)
-    tape.left = early.Left(0, len(batches))
+    tape.left = handed.Left(0, len(batches))
     first, second = itertools.tee(iter(batches))
     tape.left.second = second
-    pulled = list(itertools.islice(early.segment(first, partition.FOLD, tape), taken))
+    pulled = list(itertools.islice(handed.segment(first, partition.FOLD, tape), taken))
     start = time.perf_counter()
-    summary = early.fold(tape)
+    summary = handed.fold(tape)
     spent = time.perf_counter() - start
     assert summary is not None and summary["batches"] == len(pulled)
     return spent, int(summary["batches"])
@@ -75,8 +75,8 @@ def _watch() -> float:
     tapes = [partition.Tape([], 8) for _ in holders]
     start = time.perf_counter()
     for holder, tape in zip(holders, tapes, strict=True):
-        early.watch(holder, tape, lambda t: None)
-        early.done(tape)
+        handed.watch(holder, tape, lambda t: None)
+        handed.done(tape)
     return (time.perf_counter() - start) / len(holders)
 
 

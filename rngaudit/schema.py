@@ -118,7 +118,7 @@ class RankRecord(TypedDict, total=False):
 
 
 class SamplerDraw(TypedDict):
-    """A sampler draw that made an epoch's order (``order_check._draw_summary``)."""
+    """A sampler draw that made an epoch's order (``epochs.surgery.draw_summary``)."""
 
     op: str | None
     generator: str | None

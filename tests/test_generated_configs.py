@@ -75,13 +75,13 @@ WINDOW = (
     "misses it: "
 )
 UNEQUAL_BATCHES = (
-    "_one_loader (rngaudit/epochs/order_check.py:1712) skips ranks with unequal index-batch "
+    "judging.one_loader (rngaudit/epochs/judging.py:242) skips ranks with unequal index-batch "
     "counts (the per-rank Subsets differ in length)"
 )
 ONE_RANK = (
     "miss on some ranks: epoch 1 of a self-sharding sampler (bare loop, no DDP) is judged at "
     "its end by some ranks only; the others train past it and raise at their next observed "
-    "loader (here the drain after the config). epochs/observed.py finish (:88) should have "
+    "loader (here the drain after the config). epochs/unsharded.py finish (:88) should have "
     "waited for every rank's summary (each iterated the loader before); why not: not isolated"
 )
 WORLD3_EPOCH1 = (

@@ -256,7 +256,7 @@ def test_a_keyed_loader_keeps_a_frame_per_batch_and_returns_them_untouched(
             it, unkeyed = iter(loader), iter(other)
             got, rest = [next(it)], [next(unkeyed)]
             frames = _frames(lambda: got.extend(it))
-            assert frames.count("_keyed_pull") == len(got)  # each batch after the first, its end
+            assert frames.count("pull") == len(got)  # each batch after the first, its end
             assert frames.count("read") == len(got) - 1  # its ids read
             assert _frames(lambda: rest.extend(unkeyed)) == []  # unkeyed: no rngaudit frame
             assert it.__dict__["_rngaudit_keyed"].closed  # ended: published, compared
@@ -299,11 +299,11 @@ def test_an_epoch_left_early_is_published_when_the_group_goes(
     published when the process group goes, compared with rank 1's share (played on the same
     real store), and the overlap among the partial shares raised."""
     from rngaudit.config import Settings
-    from rngaudit.epochs import observed
+    from rngaudit.epochs import unsharded
     from rngaudit.epochs.order_check import EpochGuard, Watch
 
     ranks = Ranks(monkeypatch, 2)
-    monkeypatch.setattr(observed, "_SEARCHED", [True])  # no data-parallel module to look for
+    monkeypatch.setattr(unsharded, "_SEARCHED", [True])  # no data-parallel module to look for
     checks = _Checks()
     guard = EpochGuard()
     guard.watch_all(Watch(Settings("raise", tmp_path, 5.0, False), checks, True))
@@ -314,13 +314,13 @@ def test_an_epoch_left_early_is_published_when_the_group_goes(
                 break  # 20 ids taken: 0-19
         (current,) = guard.keyed_open
         epoch = current.epoch
-        assert not current.closed and not ranks.has(f"{observed.PREFIX}/{epoch.key}/0/end/0")
+        assert not current.closed and not ranks.has(f"{unsharded.PREFIX}/{epoch.key}/0/end/0")
         with ranks.playing(1):  # rank 1 took ids 10-29 of the same loader's epoch 0
-            observed.start(epoch)
+            unsharded.start(epoch)
             taken = keyed.Taken()
             taken.add(keyed.read(list(range(10, 30)), lambda b: b))
             summary = dict(taken.summary(), batch_size=4, key_name="'id'", partial=False)
-            observed.publish(epoch, dict(summary, data_parallel=None))
+            unsharded.publish(epoch, dict(summary, data_parallel=None))
         with pytest.raises(rngaudit.RNGDivergenceError) as raised:
             guard.settle()
         assert current.closed

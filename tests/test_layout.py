@@ -209,13 +209,12 @@ KNOWN_UPWARD = {
     ("rngaudit.capture.rank_record", "rngaudit.epochs.partition"),
     ("rngaudit.capture.rank_record", "rngaudit.epochs.sharding"),
     # ranks <- epochs: the rules, the peers and the replicas' weights call into the epoch checks
-    ("rngaudit.ranks.peers", "rngaudit.epochs.ahead"),
-    ("rngaudit.ranks.replicas", "rngaudit.epochs.observed"),
-    ("rngaudit.ranks.replicas", "rngaudit.epochs.order_check"),
+    ("rngaudit.ranks.peers", "rngaudit.epochs.suspended"),
+    ("rngaudit.ranks.replicas", "rngaudit.epochs.unsharded"),
     ("rngaudit.ranks.rules", "rngaudit.epochs.order_rules"),
     ("rngaudit.ranks.rules", "rngaudit.epochs.partition"),
     # the engine importing reports/: the report model and the atomic write of report files
-    ("rngaudit.epochs.order_check", "rngaudit.reports.model"),
+    ("rngaudit.epochs.registry", "rngaudit.reports.model"),
     ("rngaudit.ranks.policy", "rngaudit.reports.model"),
     ("rngaudit.ranks.session", "rngaudit.reports.files"),
     ("rngaudit.ranks.session", "rngaudit.reports.model"),
@@ -295,10 +294,7 @@ def cycles(found: list[Arrow]) -> set[frozenset[str]]:
 
 
 # Cycles being fixed; remove an entry when its fix lands.
-KNOWN_CYCLES: set[frozenset[str]] = {
-    # the replicas' weights check acts through the order check (lazy import), which imports it
-    frozenset({"rngaudit.epochs.order_check", "rngaudit.ranks.replicas"}),
-}
+KNOWN_CYCLES: set[frozenset[str]] = set()  # none left; a new one fails
 
 
 def test_no_import_cycle() -> None:
@@ -354,19 +350,7 @@ PRIVATE_USES = {use for m, p in MODULES.items() for use in private_uses(m, _tree
 
 # Uses of another module's _name being fixed (the epoch checks' split and the store protocol's
 # owner); remove an entry when its fix lands.
-KNOWN_PRIVATE = {
-    # the epoch checks' registries and waits, shared between the modules of EpochGuard's split
-    ("rngaudit.epochs.first_step", "rngaudit.epochs.observed", "_FOUND"),
-    ("rngaudit.epochs.first_step", "rngaudit.epochs.observed", "_GROUPS"),
-    ("rngaudit.epochs.first_step", "rngaudit.epochs.observed", "_group_ranks"),
-    ("rngaudit.epochs.order_check", "rngaudit.epochs.first_step", "_group"),
-    ("rngaudit.epochs.order_check", "rngaudit.epochs.observed", "_FOUND"),
-    ("rngaudit.ranks.replicas", "rngaudit.epochs.observed", "_FOUND"),
-    ("rngaudit.ranks.replicas", "rngaudit.epochs.order_check", "_act"),
-    # the sketch's packing of a hash sample, used by the keyed streams
-    ("rngaudit.epochs.keyed", "rngaudit.epochs.sketch", "_pack"),
-    ("rngaudit.epochs.keyed", "rngaudit.epochs.sketch", "_unpack"),
-}
+KNOWN_PRIVATE: set[tuple[str, str, str]] = set()  # none left; a new one fails
 
 
 def test_no_module_uses_another_modules_private_name() -> None:

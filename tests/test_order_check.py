@@ -19,7 +19,7 @@ from torch.utils.data import BatchSampler, Sampler
 import rngaudit
 from rngaudit.capture import naming
 from rngaudit.config import Settings
-from rngaudit.epochs import order_check, partition, sharding
+from rngaudit.epochs import judging, partition, sharded_check, sharding, surgery
 from rngaudit.epochs.order_check import GUARD, Watch
 from rngaudit.errors import RNGAuditWarning, RNGDivergenceError
 from rngaudit.findings import EPOCH_ORDER_REPEATED, Finding
@@ -36,7 +36,7 @@ def _guard_released(tmp_path: Path) -> Iterator[None]:
     runs before the weak mapping forgets it, so only live keys count)."""
     yield
     gc.collect()
-    assert len(GUARD.pending) == 0 and len(GUARD.observing) == 0
+    assert len(GUARD.registry.pending) == 0 and len(GUARD.registry.observing) == 0
     assert not GUARD.installed
     assert not GUARD.patches.entries()
 
@@ -98,7 +98,7 @@ def test_a_report_names_each_loader_one_way(report_dir: Path) -> None:
     [repeat] = report["findings"]
     assert repeat["kind"] == EPOCH_ORDER_REPEATED and repeat["details"]["loader"] == first
     assert f"Epoch 1 of {first} ({CHAIN})" in repeat["message"]
-    assert GUARD.loaders[shard].label == first
+    assert GUARD.registry.loaders[shard].label == first
     del loader, later, shard
 
 
@@ -113,7 +113,7 @@ def test_store_keys_count_loaders_in_the_order_checked_not_named(report_dir: Pat
         b = D.DataLoader(ds, batch_sampler=shard_b)
     _batches(b)
     _batches(a)
-    state_a, state_b = GUARD.loaders[shard_a], GUARD.loaders[shard_b]
+    state_a, state_b = GUARD.registry.loaders[shard_a], GUARD.registry.loaders[shard_b]
     assert state_a.index == state_b.index + 1  # b checked first
     number = [int(s.label.split("#")[1]) for s in (state_a, state_b)]
     assert number[0] + 1 == number[1]  # a seen built first
@@ -125,7 +125,7 @@ def test_store_keys_count_loaders_in_the_order_checked_not_named(report_dir: Pat
         _batches(d)  # checked inside the window, before c was named
     number_c, number_d = (int(naming.LOADERS.name(x).split("#")[1]) for x in (c, d))
     assert number_c + 1 == number_d  # still numbered in the order built
-    assert GUARD.loaders[shard_d].label == naming.LOADERS.name(d)
+    assert GUARD.registry.loaders[shard_d].label == naming.LOADERS.name(d)
     del a, b, c, d, shard_a, shard_b, shard_d
 
 
@@ -135,7 +135,7 @@ def test_a_loader_never_seen_built_is_named_by_its_shard(report_dir: Path) -> No
     loader = D.DataLoader(ds, batch_size=2, sampler=sampler)  # built before the block
     with rngaudit.audit(report_dir=report_dir, mode="report"):
         _batches(loader)
-    label = GUARD.loaders[sampler].label
+    label = GUARD.registry.loaders[sampler].label
     assert label == naming.LOADERS.name(sampler) and label.startswith("DistributedSampler#")
     assert f"epoch 0 of {label} (BatchSampler > DistributedSampler)" in [
         a["label"] for a in _report(report_dir)["audits"]
@@ -155,7 +155,7 @@ def test_the_tee_digests_the_order_before_sharding_and_changes_no_batch(report_d
         shard, _ = _shard(ds, 7)
         loader = D.DataLoader(ds, batch_sampler=shard)
     assert _batches(loader) == plain == whole[::2]  # process 0 of 2: every other batch
-    record = GUARD.loaders[shard].previous
+    record = GUARD.registry.loaders[shard].previous
     assert record is not None and record["epoch"] == 0 and record["chain"] == CHAIN
     pulled = len(record["order"])
     assert 2 <= pulled <= sharding.PREFIX_BATCHES  # the batches pulled for the first one
@@ -184,7 +184,7 @@ def test_a_distributed_sampler_record_carries_its_seed_epoch_and_draw(report_dir
         loader = D.DataLoader(ds, batch_size=2, sampler=sampler)
     sampler.set_epoch(3)
     assert _batches(loader) == plain
-    record = GUARD.loaders[sampler].previous
+    record = GUARD.registry.loaders[sampler].previous
     assert record is not None and record["order"] == []  # its state says the order
     state = record["sampler_state"]
     assert state is not None
@@ -208,7 +208,7 @@ def test_a_split_stream_is_digested_before_it_is_split(report_dir: Path) -> None
         stream = IterableDatasetShard(_Stream(), 2, num_processes=2, process_index=0)
         loader = D.DataLoader(stream, batch_size=None)
     assert [int(x) for x in loader] == plain  # nothing changed
-    record = GUARD.loaders[stream].previous
+    record = GUARD.registry.loaders[stream].previous
     assert record is not None and record["chain"] == "IterableDatasetShard"
     pulled = len(record["order"])
     assert pulled >= 2  # the elements of both processes' first batch, before the split
@@ -222,11 +222,11 @@ def test_draws_that_built_a_split_are_named_in_the_record(report_dir: Path) -> N
     with rngaudit.audit(report_dir=report_dir, mode="report"):
         D.random_split(D.TensorDataset(torch.arange(ITEMS)), [6, 6])
     rngaudit.wait_for_reports()
-    [draw] = order_check._split_draws(session.for_dir(report_dir, "report"))
+    [draw] = sharded_check.split_draws(session.for_dir(report_dir, "report"))
     assert draw["op"] == "aten.randperm"
     assert draw["user_call_site"] is not None
     assert draw["user_call_site"]["file"] == __file__
-    assert order_check._split_draws(object()) == []  # no records: none, never a raise
+    assert sharded_check.split_draws(object()) == []  # no records: none, never a raise
 
 
 # -- the helpers of the cross-rank path -----------------------------------------------------------
@@ -239,7 +239,7 @@ def test_groups_are_expanded_to_every_rank() -> None:
         {"rank": 2, "signature": "b", "order": ["y"]},
         {"rank": 3, "signature": "c", "same_as": 5},  # its group's record was not read
     ]
-    out = order_check.expand_groups(exchanged)
+    out = sharded_check.expand_groups(exchanged)
     assert [(r["rank"], r.get("order")) for r in out] == [(0, ["x"]), (1, ["x"]), (2, ["y"])]
     assert "same_as" not in out[1]
 
@@ -249,35 +249,35 @@ def _summary(**over: Any) -> dict[str, Any]:
 
 
 def test_published_epochs_are_one_loader_only_when_alike() -> None:
-    assert order_check._one_loader({0: _summary(), 1: _summary()})
-    assert not order_check._one_loader({0: _summary()})  # one rank: nothing to compare
-    assert not order_check._one_loader({0: _summary(), 1: _summary(batches=5)})
-    assert not order_check._one_loader({0: _summary(), 1: _summary(identity="Other:1")})
-    assert not order_check._one_loader({0: _summary(), 1: {"known": False}})
+    assert judging.one_loader({0: _summary(), 1: _summary()})
+    assert not judging.one_loader({0: _summary()})  # one rank: nothing to compare
+    assert not judging.one_loader({0: _summary(), 1: _summary(batches=5)})
+    assert not judging.one_loader({0: _summary(), 1: _summary(identity="Other:1")})
+    assert not judging.one_loader({0: _summary(), 1: {"known": False}})
 
 
 def test_the_prefix_tee_digests_a_prefix_and_passes_everything() -> None:
     tape = sharding.OrderTape()
     items = list(range(sharding.PREFIX_BATCHES + 10))
-    assert list(order_check._tee_prefix(items, tape, lambda x: x * 2)) == items
+    assert list(surgery.tee_prefix(items, tape, lambda x: x * 2)) == items
     assert tape.batches == _digests([[x * 2] for x in items[: sharding.PREFIX_BATCHES]])
 
 
 def test_the_planned_epoch_is_read_from_a_list_without_a_draw() -> None:
     tape = partition.Tape([], 8)
-    planned = order_check._planned(iter([3, 1, 3]), tape)
-    summary = order_check._planned_summary(planned)
+    planned = sharded_check.planned(iter([3, 1, 3]), tape)
+    summary = sharded_check.planned_summary(planned)
     assert summary is not None and (summary["taken"], summary["distinct"]) == (3, 2)
 
     def lazy() -> Iterator[int]:
         yield from (0, 1)
 
-    assert order_check._planned(lazy(), tape) is None  # not begun: nothing delegated to yet
+    assert sharded_check.planned(lazy(), tape) is None  # not begun: nothing delegated to yet
     begun = iter([3, 1, 3])
     next(begun)
-    assert order_check._planned_summary(order_check._planned(begun, tape)) == summary  # whole
-    assert order_check._planned_summary(order_check._planned(iter(begun), tape)) == summary
-    assert order_check._planned(iter([1]), None) is None
+    assert sharded_check.planned_summary(sharded_check.planned(begun, tape)) == summary  # whole
+    assert sharded_check.planned_summary(sharded_check.planned(iter(begun), tape)) == summary
+    assert sharded_check.planned(iter([1]), None) is None
 
 
 class _Sized:
@@ -312,12 +312,12 @@ def test_a_generator_that_yields_from_its_epoch_is_read_whole_without_a_draw() -
 
     gen = shares([3, 1, 3])
     assert next(gen) == 3
-    summary = order_check._planned_summary(order_check._planned(gen, tape, _Sized(3)))
+    summary = sharded_check.planned_summary(sharded_check.planned(gen, tape, _Sized(3)))
     assert summary is not None and (summary["taken"], summary["distinct"]) == (3, 2)
     assert next(gen) == 1  # not advanced by the read
     fresh = shares([3, 1, 3])
     next(fresh)
-    assert order_check._planned(fresh, tape, _Sized(4)) is None  # another length: a segment
+    assert sharded_check.planned(fresh, tape, _Sized(4)) is None  # another length: a segment
 
     def segments() -> Iterator[int]:
         yield from [0, 1]
@@ -325,7 +325,7 @@ def test_a_generator_that_yields_from_its_epoch_is_read_whole_without_a_draw() -
 
     seg = segments()
     next(seg)
-    assert order_check._planned(seg, tape, _Sized(4)) is None
+    assert sharded_check.planned(seg, tape, _Sized(4)) is None
 
     def item_by_item(share: list[int]) -> Iterator[int]:
         for i in share:
@@ -333,12 +333,12 @@ def test_a_generator_that_yields_from_its_epoch_is_read_whole_without_a_draw() -
 
     loop = item_by_item([0, 1, 2])
     next(loop)
-    assert order_check._planned(loop, tape, _Sized(3)) is None
+    assert sharded_check.planned(loop, tape, _Sized(3)) is None
 
     batch_sampler = BatchSampler(_Yielding([2, 0, 2]), batch_size=2, drop_last=False)
     outer = iter(batch_sampler)
     assert next(outer) == [2, 0]
-    planned = order_check._planned(outer, tape, batch_sampler)
+    planned = sharded_check.planned(outer, tape, batch_sampler)
     assert planned is not None and list(planned[0]) == [2, 0, 2]
     assert next(outer) == [2]  # not advanced
 
@@ -353,15 +353,15 @@ def test_findings_are_raised_or_warned_as_the_mode_says(tmp_path: Path) -> None:
     warning = Finding(EPOCH_ORDER_REPEATED, "warning", "the order repeats", [0])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        order_check._act([], _watch(tmp_path, "raise"), "epoch 0 of L")  # nothing found
+        _watch(tmp_path, "raise").act([], "epoch 0 of L")  # nothing found
     with pytest.raises(RNGDivergenceError, match="the ranks differ") as raised:
-        order_check._act([error], _watch(tmp_path, "raise"), "epoch 0 of L")
+        _watch(tmp_path, "raise").act([error], "epoch 0 of L")
     assert raised.value.report is not None
     assert raised.value.report.audits == [{"index": 0, "label": "epoch 0 of L"}]
     with pytest.warns(RNGAuditWarning, match="the ranks differ"):
-        order_check._act([error], _watch(tmp_path, "warn"), "epoch 0 of L")
+        _watch(tmp_path, "warn").act([error], "epoch 0 of L")
     with pytest.warns(RNGAuditWarning, match="the order repeats"):
-        order_check._act([warning], _watch(tmp_path, "raise"), "epoch 1 of L")
+        _watch(tmp_path, "raise").act([warning], "epoch 1 of L")
 
 
 def test_every_ready_epoch_is_judged_before_the_first_error_is_raised(
@@ -377,8 +377,8 @@ def test_every_ready_epoch_is_judged_before_the_first_error_is_raised(
         if epoch in ("e0", "e2"):
             raise RNGDivergenceError(f"corrupted {epoch}")
 
-    monkeypatch.setattr(GUARD, "_judge", judge)
+    monkeypatch.setattr(GUARD.judge, "judge", judge)
     with pytest.raises(RNGDivergenceError, match="corrupted e0"):
-        GUARD._judge_all([("e0", []), ("e1", []), ("e2", []), ("e3", [])])  # type: ignore[list-item]
+        GUARD.judge.judge_all([("e0", []), ("e1", []), ("e2", []), ("e3", [])])  # type: ignore[list-item]
     assert judged == ["e0", "e1", "e2", "e3"]
-    GUARD._judge_all([("e1", [])])  # type: ignore[list-item]  # nothing raised: none
+    GUARD.judge.judge_all([("e1", [])])  # type: ignore[list-item]  # nothing raised: none

@@ -75,7 +75,7 @@ def test_a_loaders_summary_names_the_first_eight_samplers_of_its_chain(report_di
 
 
 def test_an_order_check_record_not_fetched_is_its_groups_under_its_own_rank() -> None:
-    from rngaudit.epochs.order_check import expand_groups
+    from rngaudit.epochs.sharded_check import expand_groups
 
     holder = {"rank": 0, "signature": "s", "order": ["a1"], "epoch": 3}
     other = {"rank": 2, "signature": "t", "order": ["b7"], "epoch": 3}

@@ -341,7 +341,7 @@ def pack(sorted_hashes: Any) -> str:
 
     with np.errstate(over="ignore"):
         deltas = np.diff(sorted_hashes, prepend=np.uint64(0)).astype(np.uint64)
-    return sketch._pack(deltas.view(np.int64))
+    return sketch.pack_ints(deltas.view(np.int64))
 
 
 def unpack(text: Any) -> Any:
@@ -349,7 +349,7 @@ def unpack(text: Any) -> Any:
 
     from rngaudit.epochs import sketch
 
-    deltas = sketch._unpack(text).view(np.uint64)
+    deltas = sketch.unpack_ints(text).view(np.uint64)
     with np.errstate(over="ignore"):
         return np.cumsum(deltas, dtype=np.uint64)
 

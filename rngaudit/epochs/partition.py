@@ -244,12 +244,13 @@ def _is_array(obj: Any) -> bool:
 class Tape:
     """One rank's index batches of one epoch of one loader, folded into a bitmap of samples."""
 
-    def __init__(self, maps: list[Any], root_size: int, context: Any = None) -> None:
+    def __init__(self, maps: list[Any], root_size: int, context: object = None) -> None:
         import numpy as np
 
         self.maps = maps
         self.root_size = root_size
-        self.context = context  # the order check's (watch, shard) for this loader
+        # what the epoch checks observe here (epochs.registry.ShardedEpoch or ObservedEpoch)
+        self.context = context
         # repeats: taken - distinct; above MAX_ROOT samples a sketch instead of a bitmap
         big = root_size > MAX_ROOT
         self.seen: Any = None if big else np.zeros(root_size, dtype=bool)

@@ -119,20 +119,20 @@ class Sample:
         many = counts > 1
         return {
             "rate": rate(self.root_size),
-            "keys": _pack(deltas),
-            "repeated": _pack(unique[many]),
-            "repeats": _pack(counts[many].astype(np.int64)),
+            "keys": pack_ints(deltas),
+            "repeated": pack_ints(unique[many]),
+            "repeats": pack_ints(counts[many].astype(np.int64)),
         }
 
 
-def _pack(values: Any) -> str:
+def pack_ints(values: Any) -> str:
     import numpy as np
 
     data = np.ascontiguousarray(values, dtype=np.int64).tobytes()
     return base64.b64encode(zlib.compress(data, 1)).decode("ascii")
 
 
-def _unpack(text: Any) -> Any:
+def unpack_ints(text: Any) -> Any:
     import numpy as np
 
     return np.frombuffer(zlib.decompress(base64.b64decode(str(text))), dtype=np.int64)
@@ -142,7 +142,7 @@ def keys_of(sketch: dict[str, Any]) -> Any:
     """The sorted kept keys of one rank's sketch."""
     import numpy as np
 
-    return np.cumsum(_unpack(sketch["keys"]), dtype=np.int64)
+    return np.cumsum(unpack_ints(sketch["keys"]), dtype=np.int64)
 
 
 def overlap(summaries: dict[int, dict[str, Any]], size: int) -> dict[str, Any]:
@@ -164,7 +164,7 @@ def overlap(summaries: dict[int, dict[str, Any]], size: int) -> dict[str, Any]:
     never_kept = (universe(size) if exact else round(size * p)) - union_kept
     repeats_kept = {}
     for r, s in summaries.items():
-        counts = _unpack(s["sketch"]["repeats"])
+        counts = unpack_ints(s["sketch"]["repeats"])
         repeats_kept[r] = int((counts - 1).sum()) if counts.size else 0
 
     def scaled(n: int) -> int:

@@ -175,8 +175,6 @@ def _pre_step(optimizer: Any, args: Any, kwargs: Any) -> None:
             _optimizers[optimizer] = MAX_TRIES  # compared once
         sources = _stream_sources(optimizer)
         found = _check(groups, watch, sources)
-    from rngaudit.epochs import order_check
-
     for label, part in (
         (STREAMS_LABEL, [f for f in found if f.kind == fk.REPLICA_STREAMS_IDENTICAL]),
         (WEIGHTS_LABEL, [f for f in found if f.kind != fk.REPLICA_STREAMS_IDENTICAL]),
@@ -184,7 +182,7 @@ def _pre_step(optimizer: Any, args: Any, kwargs: Any) -> None:
         if part:
             with contextlib.suppress(Exception):
                 watch.session.add_check(label, part)
-            order_check._act(part, watch, label)
+            watch.act(part, label)
 
 
 def _replicated(optimizer: Any) -> dict[tuple[int, ...], dict[str, tuple[str, Any]]]:
@@ -204,11 +202,11 @@ def _replicated(optimizer: Any) -> dict[tuple[int, ...], dict[str, tuple[str, An
 
 def _wrapper_groups() -> dict[int, tuple[tuple[int, ...], str]]:
     """id(parameter) -> (its replicate group, the wrapper) for DDP and FSDP1 modules."""
-    from rngaudit.epochs import observed
+    from rngaudit.epochs import unsharded
 
-    observed.data_parallel_groups(scan=True)  # those built before rngaudit was (once)
+    unsharded.data_parallel_groups(scan=True)  # those built before rngaudit was (once)
     out: dict[int, tuple[tuple[int, ...], str]] = {}
-    for module in list(observed._FOUND.values()):
+    for module in list(unsharded.modules()):
         with contextlib.suppress(Exception):
             name = type(module).__name__
             if name == "DistributedDataParallel":
@@ -427,12 +425,12 @@ def _stream_sources(optimizer: Any) -> dict[tuple[int, ...], dict[str, Any]]:
     module holding the optimizer's parameters with a stochastic module in training mode
     (dropout, p > 0): the generator it draws from (its device's default one), that
     generator's state now, and the modules. Read only (never a draw); empty when none."""
-    from rngaudit.epochs import observed
+    from rngaudit.epochs import unsharded
 
     out: dict[tuple[int, ...], dict[str, Any]] = {}
     with contextlib.suppress(Exception):
         held = {id(p) for g in optimizer.param_groups for p in g.get("params", [])}
-        for module in list(observed._FOUND.values()):
+        for module in unsharded.modules():
             with contextlib.suppress(Exception):
                 kind = type(module).__name__
                 if kind == "DistributedDataParallel":

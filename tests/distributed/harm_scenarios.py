@@ -1657,7 +1657,7 @@ def run_one(sc: Scenario, ctx: Ctx) -> dict[str, Any]:
     stage = "set-up"
     items: list[int] = []
     steps = 0  # training steps completed in the current epoch
-    observed = sys.modules.get("rngaudit.epochs.observed")  # the epochs a rank waited for
+    observed = sys.modules.get("rngaudit.epochs.unsharded")  # the epochs a rank waited for
     waited_before = dict(observed.WAITED) if observed is not None else {}
     plan = None
     try:
@@ -1694,7 +1694,7 @@ def run_one(sc: Scenario, ctx: Ctx) -> dict[str, Any]:
     hooks = getattr(plan.keep if plan is not None else None, "_forward_pre_hooks", None)
     if hooks is not None:  # what is left on the DDP model's forward path after training
         out["forward_pre_hooks"] = len(hooks)
-    observed = sys.modules.get("rngaudit.epochs.observed")
+    observed = sys.modules.get("rngaudit.epochs.unsharded")
     if observed is not None:
         out["waited"] = {
             k: n - waited_before.get(k, 0)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, RandomSampler, Sampler, SequentialSampler
 
-from rngaudit.epochs import ahead
+from rngaudit.epochs import suspended
 
 
 class TensorShard(Sampler[int]):
@@ -42,7 +42,7 @@ def _read(index_sampler: Any, seed: int) -> tuple[Any, list[int]]:
     torch.manual_seed(seed)
     it = iter(index_sampler)
     first = next(it)
-    got = ahead.epoch_indices(it, first, index_sampler)
+    got = suspended.epoch_indices(it, first, index_sampler)
     rest = list(it)
     handed = [*first, *(i for b in rest for i in b)] if isinstance(first, list) else [first, *rest]
     return got, [int(i) for i in handed]
@@ -81,9 +81,9 @@ def test_an_epoch_that_is_not_held_whole_is_unknown(make: Any) -> None:
 def test_an_exhausted_or_foreign_iterator_is_unknown() -> None:
     it = iter([1, 2])
     list(it)
-    assert ahead.epoch_indices(it, 1, [1, 2]) is None
-    assert ahead.epoch_indices(object(), [0], None) is None
-    assert ahead.epoch_indices(iter(["a", "b"]), "a", ["a", "b"]) is None  # not indices
+    assert suspended.epoch_indices(it, 1, [1, 2]) is None
+    assert suspended.epoch_indices(object(), [0], None) is None
+    assert suspended.epoch_indices(iter(["a", "b"]), "a", ["a", "b"]) is None  # not indices
 
 
 class Probed:
@@ -109,15 +109,15 @@ def test_an_epoch_list_of_user_objects_is_unknown_and_never_touched(first: Any) 
     Probed.calls = 0
     epoch = [first, *(Probed() for _ in range(200))]
     it = iter(epoch)
-    assert ahead.epoch_indices(it, next(it), epoch) is None
+    assert suspended.epoch_indices(it, next(it), epoch) is None
     assert Probed.calls == 0
 
 
 def test_the_content_digest_tells_content_apart_and_unknown_is_none() -> None:
     batch = {"x": torch.arange(6).view(2, 3), "y": [1, "a", b"b", None], "z": np.ones(2)}
     same = {"x": torch.arange(6).view(2, 3), "y": [1, "a", b"b", None], "z": np.ones(2)}
-    assert ahead.digest(batch) is not None and ahead.digest(batch) == ahead.digest(same)
-    assert ahead.digest(torch.arange(4)) != ahead.digest(torch.arange(4) + 1)
-    assert ahead.digest(torch.arange(4)) != ahead.digest(torch.arange(4).view(2, 2))
-    assert ahead.digest([torch.zeros(1), object()]) is None  # an unknown part: unknown
-    assert ahead.digest(np.array([object()])) is None
+    assert suspended.digest(batch) is not None and suspended.digest(batch) == suspended.digest(same)
+    assert suspended.digest(torch.arange(4)) != suspended.digest(torch.arange(4) + 1)
+    assert suspended.digest(torch.arange(4)) != suspended.digest(torch.arange(4).view(2, 2))
+    assert suspended.digest([torch.zeros(1), object()]) is None  # an unknown part: unknown
+    assert suspended.digest(np.array([object()])) is None

@@ -15,7 +15,7 @@ from ranks_in_process import Ranks
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from rngaudit.config import Settings
-from rngaudit.epochs import early, observed, order_check, order_rules, partition
+from rngaudit.epochs import handed, judging, order_check, order_rules, partition, unsharded
 from rngaudit.epochs.order_check import Watch
 from rngaudit.errors import RNGDivergenceError
 from rngaudit.ranks import exchange
@@ -99,7 +99,7 @@ def test_a_teed_epoch_left_early_is_folded_from_the_tees_buffer_without_a_draw(
     assert teed  # observed with no rngaudit frame per batch: the batches were in the tee
     assert audited == plain  # the auditor changes no batch
     assert torch.equal(gen.get_state(), plain_gen.get_state())  # nor draws one more
-    [(epoch, summary)] = guard.left
+    [(epoch, summary)] = guard.epochs.left
     assert summary["partial"] and summary["known"]
     assert summary["batches"] == 3 and summary["length"] == N // 2
     assert _samples(summary) == {i for batch in plain for i in batch}
@@ -115,12 +115,12 @@ def test_an_epoch_still_open_when_the_group_goes_is_folded_there(
     it = iter(DataLoader(Items(), batch_size=4, sampler=DrawEach(gen)))
     taken = [next(it).tolist() for _ in range(2)]
     state = gen.get_state().clone()
-    [tape] = [t for t in guard.tapes if not t.closed]
+    [tape] = [t for t in guard.registry.tapes if not t.closed]
     assert tape.teed
-    guard._left_early(tape)
-    guard._left_early(tape)  # a second fold finds it closed
+    guard.epochs.left_early(tape)
+    guard.epochs.left_early(tape)  # a second fold finds it closed
     assert torch.equal(gen.get_state(), state)
-    [(_, summary)] = guard.left
+    [(_, summary)] = guard.epochs.left
     assert summary["batches"] == 2 and _samples(summary) == {i for b in taken for i in b}
     del it
 
@@ -136,7 +136,7 @@ def test_a_partial_overlap_says_how_far_each_rank_got_and_claims_nothing_missing
         0: _partial(list(range(0, 10)), 5, training=True),
         1: _partial(list(range(4, 14)), 5, training=True),
     }
-    phrase = early.phrase(summaries)
+    phrase = handed.phrase(summaries)
     assert phrase == "rank 0 after 5 of 16 batches, rank 1 after 5"
     finding, exact = order_rules.observed_overlap(
         summaries, "DataLoader", "MySampler", 0, False, True, left=phrase
@@ -169,9 +169,9 @@ def test_a_partial_epoch_is_no_partition_and_its_padding_no_error() -> None:
 def test_ranks_that_left_at_different_batches_are_one_loader() -> None:
     same: dict[str, Any] = {"identity": "i", "root_size": 32}
     left = {0: _partial([1], 2, **same), 1: _partial([2], 3, **same)}
-    assert order_check._one_loader(left, True) and not order_check._one_loader(left)
+    assert judging.one_loader(left, True) and not judging.one_loader(left)
     other = {0: left[0], 1: _partial([2], 3, length=12, **same)}
-    assert not order_check._one_loader(other, True)  # epochs of different lengths
+    assert not judging.one_loader(other, True)  # epochs of different lengths
 
 
 def test_a_persistent_iterators_epoch_left_early_is_published_at_its_next_epoch(
@@ -192,11 +192,11 @@ def test_a_persistent_iterators_epoch_left_early_is_published_at_its_next_epoch(
         it = iter(loader)
         taken = [next(it).tolist() for _ in range(3)]
         first = next(iter(loader)).tolist()  # the next epoch: the same iterator, reset
-        [epoch] = guard.later
-        summary = ranks.get(f"{observed.PREFIX}/{epoch.key}/0/end/0")
+        [epoch] = guard.epochs.later
+        summary = ranks.get(f"{unsharded.PREFIX}/{epoch.key}/0/end/0")
         assert summary["partial"] and summary["batches"] == 3 and summary["length"] == N // 2
         assert _samples(summary) == {i for batch in taken for i in batch}
-        assert len(first) == 2 and not guard.left
+        assert len(first) == 2 and not guard.epochs.left
         del it
     finally:
         guard.everything = None
@@ -227,18 +227,18 @@ def test_an_epoch_left_open_when_the_group_goes_raises_there_on_an_overlap(
         guard.watch_all(Watch(Settings("raise", Path("r"), 5.0, False), session, True))
         it = iter(DataLoader(Items(), batch_size=4, sampler=DrawEach(torch.Generator())))
         taken = [next(it).tolist() for _ in range(2)]
-        [known] = list(guard.observed.values())
-        guard.partitioned.add(known.key)  # an earlier epoch partitioned the data
+        [known] = list(guard.registry.observed.values())
+        guard.judge.partitioned.add(known.key)  # an earlier epoch partitioned the data
         tape = partition.Tape([], N)
         mine = {i for batch in taken for i in batch}
         others = [i for i in range(N) if i not in mine][:4]
         tape.take([taken[0], others])  # rank 1 was handed rank 0's first batch, and others
         theirs = dict(tape.summary(), partial=True, length=N // 4, identity=known.identity,
                       training=True, data_parallel=None)  # fmt: skip
-        assert not guard.later and not guard.left
+        assert not guard.epochs.later and not guard.epochs.left
         with ranks.playing(1):
-            ranks.store.set(f"{observed.PREFIX}/{known.key}/iterated/1", b"1")
-            ranks.store.set(f"{observed.PREFIX}/{known.key}/0/end/1", exchange.encode(theirs))
+            ranks.store.set(f"{unsharded.PREFIX}/{known.key}/iterated/1", b"1")
+            ranks.store.set(f"{unsharded.PREFIX}/{known.key}/0/end/1", exchange.encode(theirs))
         with pytest.raises(RNGDivergenceError) as raised:
             guard.settle()
         shared = len(set(taken[0]))
@@ -260,7 +260,7 @@ def test_an_epoch_left_open_when_the_group_goes_raises_there_on_an_overlap(
 def test_an_epoch_so_far_is_read_without_a_draw_and_the_epoch_goes_on_unchanged(
     guard: order_check.EpochGuard, workers: int
 ) -> None:
-    """Mid-epoch, :func:`early.snapshot` summarises the batches handed so far (from the tee's
+    """Mid-epoch, :func:`handed.snapshot` summarises the batches handed so far (from the tee's
     buffer, the prefetch left out) and leaves the tape, the tee and the sampler as they are:
     the epoch goes on to the same batches and the same generator state as unaudited."""
     kw: dict[str, Any] = {"num_workers": workers}
@@ -276,7 +276,7 @@ def test_an_epoch_so_far_is_read_without_a_draw_and_the_epoch_goes_on_unchanged(
     audited = [next(it).tolist() for _ in range(3)]
     tape = it.__dict__["_rngaudit_tape"]
     before = (tape.batches, list(tape.pending), tape.closed)
-    summary = early.snapshot(tape)
+    summary = handed.snapshot(tape)
     assert summary is not None and summary["partial"] and summary["known"]
     assert summary["batches"] == 3 and summary["length"] == N // 2
     assert _samples(summary) == {i for batch in plain[:3] for i in batch}
@@ -284,4 +284,4 @@ def test_an_epoch_so_far_is_read_without_a_draw_and_the_epoch_goes_on_unchanged(
     audited += [b.tolist() for b in it]
     assert audited == plain
     assert torch.equal(gen.get_state(), plain_gen.get_state())
-    assert early.snapshot(tape) is None  # the epoch ended: nothing so far to read
+    assert handed.snapshot(tape) is None  # the epoch ended: nothing so far to read

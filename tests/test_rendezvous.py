@@ -11,7 +11,7 @@ import torch
 from ranks_in_process import Ranks, world_of_one
 
 from rngaudit.config import Settings
-from rngaudit.epochs import ahead, early, first_step, observed, partition
+from rngaudit.epochs import handed, partition, rendezvous, suspended, unsharded
 from rngaudit.epochs.order_check import Watch
 from rngaudit.ranks import exchange
 
@@ -26,17 +26,18 @@ class Guard:
         self.warned: list[tuple[str, list[int], list[int], float]] = []
         self.so_far: list[tuple[str, int, dict[int, dict[str, Any]]]] = []
 
-    def _judge_first(self, epoch: observed.Epoch, published: dict[int, dict[str, Any]]) -> None:
+    def judge_first(self, epoch: unsharded.Epoch, published: dict[int, dict[str, Any]]) -> bool:
         self.judged.append((epoch.key, epoch.epoch, published))
+        return False
 
-    def _warn_first(
-        self, epoch: observed.Epoch, missing: list[int], arrived: list[int], timeout: float
+    def warn_first(
+        self, epoch: unsharded.Epoch, missing: list[int], arrived: list[int], timeout: float
     ) -> None:
         self.warned.append((epoch.key, missing, arrived, timeout))
 
-    def _judge_so_far(
+    def judge_so_far(
         self,
-        epoch: observed.Epoch,
+        epoch: unsharded.Epoch,
         published: dict[int, dict[str, Any]],
         forwards: int,
         sharded_by: str | None = None,
@@ -62,36 +63,36 @@ def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
         "_spent": [],
     }
     for name, value in state.items():
-        monkeypatch.setattr(first_step, name, value)
-    monkeypatch.setattr(observed, "_FOUND", weakref.WeakValueDictionary())
-    monkeypatch.setattr(observed, "_GROUPS", {})
+        monkeypatch.setattr(rendezvous, name, value)
+    monkeypatch.setattr(unsharded, "_FOUND", weakref.WeakValueDictionary())
+    monkeypatch.setattr(unsharded, "_GROUPS", {})
 
 
 def _module(ranks: list[int]) -> torch.nn.Linear:
-    """A module of the data-parallel group ``ranks`` (as ``observed.note_module`` records it)."""
+    """A module of the data-parallel group ``ranks`` (as ``unsharded.note_module`` records it)."""
     module = torch.nn.Linear(2, 2)
-    observed._FOUND[id(module)] = module
-    observed._GROUPS[id(module)] = ranks
+    unsharded._FOUND[id(module)] = module
+    unsharded._GROUPS[id(module)] = ranks
     return module
 
 
 def _started(
     guard: Guard, key: str, epoch: int = 0, timeout: float = 30.0
-) -> tuple[first_step.Started, partition.Tape]:
+) -> tuple[rendezvous.Started, partition.Tape]:
     tape = partition.Tape([], 8)
     watch = Watch(Settings("raise", Path("r"), timeout, False), None, True)
-    item = first_step.Started(
-        observed.Epoch(key, epoch, f"DataLoader({key})", "RandomSampler", watch),
+    item = rendezvous.Started(
+        unsharded.Epoch(key, epoch, f"DataLoader({key})", "RandomSampler", watch),
         weakref.ref(tape),
         {"key": key, "epoch": epoch, "first": [epoch, 1], "root_size": 8},
         guard,
     )
-    first_step.started(item)
+    rendezvous.started(item)
     return item, tape
 
 
 def _base(ranks: list[int], n: int = 0) -> str:
-    return f"{observed.PREFIX}/step/{first_step._group_key(ranks)}/{n}"
+    return f"{unsharded.PREFIX}/step/{rendezvous._group_key(ranks)}/{n}"
 
 
 def _train_step(module: torch.nn.Module) -> torch.Tensor:
@@ -106,7 +107,7 @@ def test_a_module_is_armed_until_its_first_training_forward_and_keeps_no_hook(
     ranks = Ranks(monkeypatch, 2)
     module = _module([0, 1])
     expected = torch.nn.functional.linear(torch.ones(1, 2), module.weight, module.bias)
-    first_step.noted(module)
+    rendezvous.noted(module)
     assert len(module._forward_pre_hooks) == 1
     module.eval()
     module(torch.ones(1, 2))  # an evaluation forward: still armed
@@ -118,10 +119,10 @@ def test_a_module_is_armed_until_its_first_training_forward_and_keeps_no_hook(
     assert len(module._forward_pre_hooks) == 1  # fired: inert, never removed in a forward
     _train_step(module)
     assert not ranks.has(f"{_base([0, 1], 1)}/0")  # one rendezvous only
-    first_step.sweep()  # outside a forward (an epoch's end, or a new one's first batch)
+    rendezvous.sweep()  # outside a forward (an epoch's end, or a new one's first batch)
     assert len(module._forward_pre_hooks) == 0
     assert ranks.get(f"{_base([0, 1])}/0") == {"epochs": []}  # nothing of its own: no wait
-    first_step.noted(module)  # noted again (found on the heap): its rendezvous was had
+    rendezvous.noted(module)  # noted again (found on the heap): its rendezvous was had
     assert len(module._forward_pre_hooks) == 0
 
 
@@ -131,14 +132,14 @@ def test_the_epochs_every_rank_published_are_judged_and_one_ranks_own_is_not(
     ranks = Ranks(monkeypatch, 2)
     guard = Guard()
     module = _module([0, 1])
-    first_step.noted(module)
+    rendezvous.noted(module)
     train, train_tape = _started(guard, "train")
     evaluation, eval_tape = _started(guard, "eval")  # a loader rank 1 does not iterate
     batch = torch.arange(4.0)
-    first_step.content(train_tape, batch)
-    first_step.content(train_tape, torch.zeros(4))  # digested once: the first batch's
-    assert first_step.fields(train_tape) == {"first": [0, 1], "content": ahead.digest(batch)}
-    assert first_step.fields(partition.Tape([], 8)) == {}  # a tape it never saw
+    rendezvous.content(train_tape, batch)
+    rendezvous.content(train_tape, torch.zeros(4))  # digested once: the first batch's
+    assert rendezvous.fields(train_tape) == {"first": [0, 1], "content": suspended.digest(batch)}
+    assert rendezvous.fields(partition.Tape([], 8)) == {}  # a tape it never saw
     theirs = {"key": "train", "epoch": 0, "first": [2, 3], "root_size": 8, "content": "c1"}
     with ranks.playing(1):  # rank 1 reached the forward first, with its epoch of "train"
         ranks.store.set(f"{_base([0, 1])}/1", exchange.encode({"epochs": [theirs]}))
@@ -146,7 +147,7 @@ def test_the_epochs_every_rank_published_are_judged_and_one_ranks_own_is_not(
     assert guard.judged == [("train", 0, {0: train.record, 1: theirs})]
     assert guard.warned == []
     assert ranks.get(f"{_base([0, 1])}/0") == {"epochs": [train.record, evaluation.record]}
-    assert first_step._pending == [] and first_step._agreed == {"train"}
+    assert rendezvous._pending == [] and rendezvous._agreed == {"train"}
     # A new epoch of a loader the group trained on together arms the modules again; an
     # epoch of one rank's own loader does not (the others would never come).
     _started(guard, "eval", epoch=1)
@@ -162,16 +163,16 @@ def test_a_rank_that_does_not_arrive_is_a_warning_naming_it_and_ends_its_groups_
     Ranks(monkeypatch, 3)
     guard = Guard()
     module = _module([0, 1])
-    first_step.noted(module)
+    rendezvous.noted(module)
     _, tape = _started(guard, "train", timeout=0.2)
     _train_step(module)  # rank 1 never publishes: waited for 0.2 s, then a warning
     assert guard.warned == [("train", [1], [0], 0.2)] and guard.judged == []
-    assert first_step._given_up == {first_step._group_key([0, 1])}
+    assert rendezvous._given_up == {rendezvous._group_key([0, 1])}
     other = _module([0, 1])
-    first_step.noted(other)  # the group's ranks did not all arrive once: no more rendezvous
+    rendezvous.noted(other)  # the group's ranks did not all arrive once: no more rendezvous
     assert len(other._forward_pre_hooks) == 0
     alone = _module([0, 2])
-    first_step.noted(alone)  # another group still meets
+    rendezvous.noted(alone)  # another group still meets
     assert len(alone._forward_pre_hooks) == 1
     assert not tape.closed  # (alive to here: a tape collected is no epoch being drawn)
 
@@ -182,7 +183,7 @@ def test_an_epoch_already_drawn_to_its_end_is_not_published(
     ranks = Ranks(monkeypatch, 2)
     guard = Guard()
     module = _module([0, 1])
-    first_step.noted(module)
+    rendezvous.noted(module)
     _, tape = _started(guard, "train", timeout=0.2)
     tape.abandon()  # its last index batch was drawn: compared at its end instead
     _train_step(module)
@@ -192,24 +193,24 @@ def test_an_epoch_already_drawn_to_its_end_is_not_published(
 
 def test_started_epochs_are_kept_up_to_a_bound() -> None:
     guard = Guard()
-    tapes = [_started(guard, f"l{i}")[1] for i in range(first_step.MAX_PENDING + 3)]
-    assert len(first_step._pending) == first_step.MAX_PENDING
-    assert first_step._pending[0].epoch.key == "l3"  # the oldest dropped
-    assert len(tapes) == first_step.MAX_PENDING + 3
+    tapes = [_started(guard, f"l{i}")[1] for i in range(rendezvous.MAX_PENDING + 3)]
+    assert len(rendezvous._pending) == rendezvous.MAX_PENDING
+    assert rendezvous._pending[0].epoch.key == "l3"  # the oldest dropped
+    assert len(tapes) == rendezvous.MAX_PENDING + 3
 
 
 def test_a_group_of_one_rank_is_never_armed_nor_waits(tmp_path: Path) -> None:
     guard = Guard()
     with world_of_one(tmp_path):
         module = torch.nn.Linear(2, 2)
-        observed.note_module(module)
-        assert observed._GROUPS[id(module)] == [0]  # the default group's ranks
-        first_step.noted(module)
+        unsharded.note_module(module)
+        assert unsharded._GROUPS[id(module)] == [0]  # the default group's ranks
+        rendezvous.noted(module)
         assert len(module._forward_pre_hooks) == 0  # no cross-rank signal to wait for
         _started(guard, "train", timeout=0.2)
-        first_step._rendezvous(module)  # even when called: one rank compares nothing
+        rendezvous._rendezvous(module)  # even when called: one rank compares nothing
     assert guard.judged == [] and guard.warned == []
-    assert first_step._pending == []
+    assert rendezvous._pending == []
 
 
 def test_a_data_parallel_group_of_one_rank_in_a_larger_world_compares_nothing(
@@ -218,28 +219,28 @@ def test_a_data_parallel_group_of_one_rank_in_a_larger_world_compares_nothing(
     ranks = Ranks(monkeypatch, 2)
     guard = Guard()
     module = _module([0])  # rank 0 trains this module alone
-    first_step.noted(module)
+    rendezvous.noted(module)
     _, tape = _started(guard, "train", timeout=0.2)
     _train_step(module)
-    first_step.sweep()
+    rendezvous.sweep()
     assert len(module._forward_pre_hooks) == 0  # fired, and removed outside the forward
     assert guard.judged == [] and guard.warned == [] and not tape.closed
     assert not ranks.has(f"{_base([0])}/0")  # nothing published for a group of one
 
 
-def _followed(guard: Guard, module: torch.nn.Module) -> tuple[first_step.Started, partition.Tape]:
+def _followed(guard: Guard, module: torch.nn.Module) -> tuple[rendezvous.Started, partition.Tape]:
     """An epoch read lazily whose first batches did not overlap: followed from its first
     training forward on (one batch handed so far, in the tape's pending list)."""
     item, tape = _started(guard, "lazy", epoch=1)
-    tape.left = early.Left(ahead=0, length=8)
+    tape.left = handed.Left(ahead=0, length=8)
     tape.add([0])
-    first_step.follow(item, module)
+    rendezvous.follow(item, module)
     return item, tape
 
 
 def _so_far(ranks: list[int], forwards: int) -> str:
-    group = first_step._group_key(ranks)
-    return f"{observed.PREFIX}/sofar/{group}/lazy/1/{forwards}"
+    group = rendezvous._group_key(ranks)
+    return f"{unsharded.PREFIX}/sofar/{group}/lazy/1/{forwards}"
 
 
 def test_a_followed_epoch_is_published_when_due_and_compared_at_the_next_training_forward(
@@ -267,8 +268,8 @@ def test_a_followed_epoch_is_published_when_due_and_compared_at_the_next_trainin
     assert [(key, n) for key, n, _ in guard.so_far] == [("lazy", 2)]
     assert set(guard.so_far[0][2]) == {0, 1}
     assert tape.pending == [[0], [1], [2]]  # the tape itself never folded by the reads
-    first_step.unfollow(tape)  # its epoch ended: compared there, no hook left
-    assert len(module._forward_pre_hooks) == 0 and first_step.following() == []
+    rendezvous.unfollow(tape)  # its epoch ended: compared there, no hook left
+    assert len(module._forward_pre_hooks) == 0 and rendezvous.following() == []
 
 
 def test_a_rank_that_did_not_publish_so_far_is_waited_for_briefly_then_left_to_the_end(
@@ -277,15 +278,15 @@ def test_a_rank_that_did_not_publish_so_far_is_waited_for_briefly_then_left_to_t
     """Not every rank published by its due forward (uneven, or not in step): waited for at
     most ``FOLLOW_WAIT``, then the epoch is compared at its end only (no warning, no error)."""
     Ranks(monkeypatch, 2)
-    monkeypatch.setattr(first_step, "FOLLOW_WAIT", 0.1)
+    monkeypatch.setattr(rendezvous, "FOLLOW_WAIT", 0.1)
     guard = Guard()
     module = _module([0, 1])
     _, tape = _followed(guard, module)
     _train_step(module)
     _train_step(module)  # rank 1's record never came
     assert guard.so_far == [] and guard.warned == []
-    assert first_step.following() == []
-    first_step.sweep()
+    assert rendezvous.following() == []
+    rendezvous.sweep()
     assert len(module._forward_pre_hooks) == 0
     assert not tape.closed  # (alive to here)
 
@@ -297,10 +298,10 @@ def test_a_followed_epoch_that_cannot_be_read_so_far_is_dropped_at_once(
     guard = Guard()
     module = _module([0, 1])
     _, tape = _followed(guard, module)
-    tape.left = early.Left(ahead=None, length=8)  # what it handed cannot be told
+    tape.left = handed.Left(ahead=None, length=8)  # what it handed cannot be told
     _train_step(module)
-    assert first_step.following() == []
-    first_step.sweep()
+    assert rendezvous.following() == []
+    rendezvous.sweep()
     assert len(module._forward_pre_hooks) == 0
     assert not tape.closed
 
@@ -314,18 +315,18 @@ def test_an_epoch_followed_from_its_first_batch_counts_at_the_armed_hook_one_hoo
     ranks = Ranks(monkeypatch, 2)
     guard = Guard()
     module = _module([0, 1])
-    first_step.noted(module)  # armed until its first training forward
+    rendezvous.noted(module)  # armed until its first training forward
     tape = partition.Tape([], 8)
     watch = Watch(Settings("raise", Path("r"), 30.0, False), None, True)
-    item = first_step.Started(  # not an observed epoch: nothing of it at the rendezvous
-        observed.Epoch("lazy", 1, "DataLoader(lazy)", "MySampler", watch),
+    item = rendezvous.Started(  # not an observed epoch: nothing of it at the rendezvous
+        unsharded.Epoch("lazy", 1, "DataLoader(lazy)", "MySampler", watch),
         weakref.ref(tape),
         {"sharded_by": "MySampler (a DistributedSampler subclass)"},
         guard,
     )
-    tape.left = early.Left(ahead=0, length=8)
+    tape.left = handed.Left(ahead=0, length=8)
     tape.add([0])
-    first_step.follow(item, module, forwards=0)
+    rendezvous.follow(item, module, forwards=0)
     assert len(module._forward_pre_hooks) == 1  # one hook a module
     _train_step(module)  # the rendezvous, and the epoch's 1st training forward
     assert ranks.has(f"{_base([0, 1])}/0")
@@ -338,7 +339,7 @@ def test_an_epoch_followed_from_its_first_batch_counts_at_the_armed_hook_one_hoo
     _train_step(module)  # its 3rd: compared
     assert [(key, n) for key, n, _ in guard.so_far] == [("lazy", 2)]
     assert guard.sharded_by == "MySampler (a DistributedSampler subclass)"
-    first_step.unfollow(tape)
+    rendezvous.unfollow(tape)
     assert len(module._forward_pre_hooks) == 0
 
 
@@ -351,18 +352,18 @@ def test_a_module_armed_again_keeps_its_hook_when_the_epoch_it_followed_ends(
     ranks = Ranks(monkeypatch, 2)
     guard = Guard()
     module = _module([0, 1])
-    first_step.noted(module)
+    rendezvous.noted(module)
     _train_step(module)  # its first rendezvous
     _, tape = _followed(guard, module)
-    first_step._agreed.add("next")
+    rendezvous._agreed.add("next")
     _started(guard, "next", epoch=0)  # armed again, at the counting hook
-    first_step.unfollow(tape)  # the followed epoch ended (a sweep)
+    rendezvous.unfollow(tape)  # the followed epoch ended (a sweep)
     assert len(module._forward_pre_hooks) == 1
     with ranks.playing(1):  # rank 1 trains no loader of its own: nothing to wait for
         ranks.store.set(f"{_base([0, 1], 1)}/1", exchange.encode({"epochs": []}))
     _train_step(module)
     assert ranks.has(f"{_base([0, 1], 1)}/0")  # the rendezvous it was armed for took place
-    first_step.sweep()
+    rendezvous.sweep()
     assert len(module._forward_pre_hooks) == 0
 
 
@@ -386,11 +387,11 @@ def test_a_followed_module_can_be_saved_and_copied_mid_epoch_and_its_copy_follow
     loaded = torch.load(buffer, weights_only=False)
     for other in (twin, loaded):
         _train_step(other)
-    [f] = first_step.following()
+    [f] = rendezvous.following()
     assert f.forwards == 1  # neither copy's forward was counted
     _train_step(module)
     assert f.forwards == 2
-    first_step.unfollow(tape)
+    rendezvous.unfollow(tape)
     assert len(module._forward_pre_hooks) == 0
 
 
@@ -415,18 +416,18 @@ def test_a_compiled_module_armed_or_followed_still_compiles_once(
     Ranks(monkeypatch, 2)
     plain = frames(torch.nn.Linear(2, 2))
     armed = _module([0, 1])
-    first_step.noted(armed)  # armed before its first compiled call, as a DDP module is
+    rendezvous.noted(armed)  # armed before its first compiled call, as a DDP module is
     assert plain <= frames(armed) <= plain + 1  # fired at the first; nothing removed there
-    first_step.sweep()
+    rendezvous.sweep()
     assert len(armed._forward_pre_hooks) == 0
     guard = Guard()
     module = _module([0, 1])
     _, tape = _followed(guard, module)
-    [f] = first_step.following()
+    [f] = rendezvous.following()
     f.due = 1 << 40  # never due here: only the count
     try:
         assert plain <= frames(module) <= plain + 1  # compiled, and one graph break at most
         assert f.forwards == 11
     finally:
-        first_step.unfollow(tape)
+        rendezvous.unfollow(tape)
         torch._dynamo.reset()

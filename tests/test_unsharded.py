@@ -13,7 +13,7 @@ import torch
 from ranks_in_process import Ranks, world_of_one
 
 from rngaudit.config import Settings
-from rngaudit.epochs import observed
+from rngaudit.epochs import unsharded
 from rngaudit.epochs.order_check import Watch
 from rngaudit.ranks import exchange
 
@@ -23,26 +23,26 @@ pytestmark = pytest.mark.timeout(60)
 @pytest.fixture(autouse=True)
 def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
     """This process's data-parallel modules and wait counts, empty for each test."""
-    monkeypatch.setattr(observed, "_FOUND", weakref.WeakValueDictionary())
-    monkeypatch.setattr(observed, "_GROUPS", {})
-    monkeypatch.setattr(observed, "_SEARCHED", [False])
-    monkeypatch.setattr(observed, "WAITED", observed.WAITED.__class__())
+    monkeypatch.setattr(unsharded, "_FOUND", weakref.WeakValueDictionary())
+    monkeypatch.setattr(unsharded, "_GROUPS", {})
+    monkeypatch.setattr(unsharded, "_SEARCHED", [False])
+    monkeypatch.setattr(unsharded, "WAITED", unsharded.WAITED.__class__())
 
 
-def _epoch(key: str = "k", epoch: int = 0, timeout: float = 30.0) -> observed.Epoch:
+def _epoch(key: str = "k", epoch: int = 0, timeout: float = 30.0) -> unsharded.Epoch:
     watch = Watch(Settings("raise", Path("r"), timeout, False), None, True)
-    return observed.Epoch(key, epoch, f"DataLoader({key})", "MySampler", watch)
+    return unsharded.Epoch(key, epoch, f"DataLoader({key})", "MySampler", watch)
 
 
 def test_a_loader_key_names_what_the_loader_is_and_its_occurrence() -> None:
-    key = observed.loader_key("TensorDataset(8)", "MySampler", 2, 0)
-    assert key == observed.loader_key("TensorDataset(8)", "MySampler", 2, 0)
+    key = unsharded.loader_key("TensorDataset(8)", "MySampler", 2, 0)
+    assert key == unsharded.loader_key("TensorDataset(8)", "MySampler", 2, 0)
     assert len(key) == 16 and int(key, 16) >= 0
     others = {
-        observed.loader_key("TensorDataset(9)", "MySampler", 2, 0),
-        observed.loader_key("TensorDataset(8)", "BatchSampler", 2, 0),
-        observed.loader_key("TensorDataset(8)", "MySampler", 4, 0),
-        observed.loader_key("TensorDataset(8)", "MySampler", 2, 1),
+        unsharded.loader_key("TensorDataset(9)", "MySampler", 2, 0),
+        unsharded.loader_key("TensorDataset(8)", "BatchSampler", 2, 0),
+        unsharded.loader_key("TensorDataset(8)", "MySampler", 4, 0),
+        unsharded.loader_key("TensorDataset(8)", "MySampler", 2, 1),
     }
     assert key not in others and len(others) == 4
 
@@ -52,22 +52,22 @@ def test_an_epoch_every_rank_announced_is_waited_for_and_then_read_by_both_and_d
 ) -> None:
     ranks = Ranks(monkeypatch, 2)
     epoch = _epoch(timeout=0.2)
-    base = f"{observed.PREFIX}/k/0"
+    base = f"{unsharded.PREFIX}/k/0"
     for rank in (0, 1):
         with ranks.playing(rank):
-            observed.start(epoch)
-    assert ranks.has(f"{base}/start/1") and ranks.has(f"{observed.PREFIX}/k/iterated/1")
-    assert observed.finish(epoch, {"taken": 4}) is None  # rank 1 did not publish in 0.2 s
-    assert observed.WAITED == {"DataLoader(k)": 1}
+            unsharded.start(epoch)
+    assert ranks.has(f"{base}/start/1") and ranks.has(f"{unsharded.PREFIX}/k/iterated/1")
+    assert unsharded.finish(epoch, {"taken": 4}) is None  # rank 1 did not publish in 0.2 s
+    assert unsharded.WAITED == {"DataLoader(k)": 1}
     with ranks.playing(1):
-        got = observed.finish(epoch, {"taken": 5})
+        got = unsharded.finish(epoch, {"taken": 5})
     assert got == [{"taken": 4, "rank": 0}, {"taken": 5, "rank": 1}]
     assert ranks.has(f"{base}/end/0")  # rank 0 has not read them yet
-    assert observed.collect(epoch) == got  # rank 0, later: the same, never waiting
+    assert unsharded.collect(epoch) == got  # rank 0, later: the same, never waiting
     for gone in ("end/0", "end/1", "start/0", "start/1", "read"):
         assert not ranks.has(f"{base}/{gone}"), gone
-    assert ranks.has(f"{observed.PREFIX}/k/iterated/0")  # kept for the run
-    assert observed.collect(epoch) is None  # read by every rank: nothing left
+    assert ranks.has(f"{unsharded.PREFIX}/k/iterated/0")  # kept for the run
+    assert unsharded.collect(epoch) is None  # read by every rank: nothing left
 
 
 def test_a_loader_the_other_ranks_never_announced_is_not_waited_for(
@@ -75,12 +75,12 @@ def test_a_loader_the_other_ranks_never_announced_is_not_waited_for(
 ) -> None:
     ranks = Ranks(monkeypatch, 2)
     epoch = _epoch("alone", timeout=30.0)
-    observed.start(epoch)
-    assert observed.finish(epoch, {"taken": 8}) is None
-    assert observed.WAITED == {}  # a rank-0-only loader: no wait at all
-    observed.forget(epoch)  # never published by the others: this rank's keys go
-    assert not ranks.has(f"{observed.PREFIX}/alone/0/end/0")
-    assert not ranks.has(f"{observed.PREFIX}/alone/0/start/0")
+    unsharded.start(epoch)
+    assert unsharded.finish(epoch, {"taken": 8}) is None
+    assert unsharded.WAITED == {}  # a rank-0-only loader: no wait at all
+    unsharded.forget(epoch)  # never published by the others: this rank's keys go
+    assert not ranks.has(f"{unsharded.PREFIX}/alone/0/end/0")
+    assert not ranks.has(f"{unsharded.PREFIX}/alone/0/start/0")
 
 
 def test_an_epoch_of_a_loader_every_rank_iterated_before_is_waited_for_until_it_arrives(
@@ -89,10 +89,10 @@ def test_an_epoch_of_a_loader_every_rank_iterated_before_is_waited_for_until_it_
     ranks = Ranks(monkeypatch, 2)
     for rank in (0, 1):
         with ranks.playing(rank):
-            observed.start(_epoch())  # epoch 0: both iterate the loader
+            unsharded.start(_epoch())  # epoch 0: both iterate the loader
     later = _epoch(epoch=1)
-    observed.start(later)  # rank 1 has not announced epoch 1 (yet)
-    assert not ranks.has(f"{observed.PREFIX}/k/1/start/1")
+    unsharded.start(later)  # rank 1 has not announced epoch 1 (yet)
+    assert not ranks.has(f"{unsharded.PREFIX}/k/1/start/1")
     waiting = threading.Event()
     real = ranks.store
 
@@ -110,53 +110,53 @@ def test_an_epoch_of_a_loader_every_rank_iterated_before_is_waited_for_until_it_
 
     def rank_1() -> None:
         assert waiting.wait(20)
-        real.set(f"{observed.PREFIX}/k/1/end/1", exchange.encode({"taken": 3}))
+        real.set(f"{unsharded.PREFIX}/k/1/end/1", exchange.encode({"taken": 3}))
 
     thread = threading.Thread(target=rank_1)
     thread.start()
-    got = observed.finish(later, {"taken": 4})
+    got = unsharded.finish(later, {"taken": 4})
     thread.join()
     assert got == [{"taken": 4, "rank": 0}, {"taken": 3, "rank": 1}]
 
 
 def test_without_a_group_of_several_ranks_nothing_is_published(tmp_path: Path) -> None:
     with world_of_one(tmp_path):
-        observed.start(_epoch())
-        assert observed.finish(_epoch(), {"taken": 1}) is None
-        assert observed.collect(_epoch()) is None
-        observed.forget(_epoch())
+        unsharded.start(_epoch())
+        assert unsharded.finish(_epoch(), {"taken": 1}) is None
+        assert unsharded.collect(_epoch()) is None
+        unsharded.forget(_epoch())
         from torch.distributed import distributed_c10d
 
         store = distributed_c10d._get_default_store()
-        assert not store.check([f"{observed.PREFIX}/k/0/start/0"])
-        assert not store.check([f"{observed.PREFIX}/k/0/end/0"])
+        assert not store.check([f"{unsharded.PREFIX}/k/0/start/0"])
+        assert not store.check([f"{unsharded.PREFIX}/k/0/end/0"])
 
 
 def test_data_parallel_groups_are_the_modules_noted_or_found_once_on_the_heap(
     tmp_path: Path,
 ) -> None:
     with world_of_one(tmp_path):
-        assert observed.data_parallel_groups(scan=True) is None  # none exists
-        assert observed.data_parallel_groups(scan=True) is None
+        assert unsharded.data_parallel_groups(scan=True) is None  # none exists
+        assert unsharded.data_parallel_groups(scan=True) is None
         built_before = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
-        assert observed.data_parallel_groups(scan=True) is None  # searched once already
-        observed.installed(torch_loaded=True)  # a new installation of the guard
-        assert observed.data_parallel_groups(scan=False) is None  # not asked to search
-        assert observed.data_parallel_groups(scan=True) == [[0]]  # found on the heap
-        assert observed._FOUND[id(built_before)] is built_before  # and noted
+        assert unsharded.data_parallel_groups(scan=True) is None  # searched once already
+        unsharded.installed(torch_loaded=True)  # a new installation of the guard
+        assert unsharded.data_parallel_groups(scan=False) is None  # not asked to search
+        assert unsharded.data_parallel_groups(scan=True) == [[0]]  # found on the heap
+        assert unsharded._FOUND[id(built_before)] is built_before  # and noted
         del built_before
         gc.collect()
-        assert observed.data_parallel_groups(scan=True) is None  # gone; not searched again
+        assert unsharded.data_parallel_groups(scan=True) is None  # gone; not searched again
         module = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
-        observed.note_module(module)  # built while the guard is installed
-        assert observed.data_parallel_groups(scan=False) == [[0]]
-        assert observed._group_ranks(torch.nn.Linear(2, 2)) == [0]  # no group: the world's
+        unsharded.note_module(module)  # built while the guard is installed
+        assert unsharded.data_parallel_groups(scan=False) == [[0]]
+        assert unsharded._group_ranks(torch.nn.Linear(2, 2)) == [0]  # no group: the world's
         del module
         gc.collect()
         unnoted = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
-        observed.installed(torch_loaded=False)  # torch was not imported: none can exist
-        assert observed.data_parallel_groups(scan=True) is None  # so the heap is not searched
-        assert id(unnoted) not in observed._FOUND
+        unsharded.installed(torch_loaded=False)  # torch was not imported: none can exist
+        assert unsharded.data_parallel_groups(scan=True) is None  # so the heap is not searched
+        assert id(unnoted) not in unsharded._FOUND
 
 
 class Disguised:
@@ -177,7 +177,7 @@ def test_the_heap_search_reads_each_objects_type_never_its_class_attribute(
     keep = Disguised()
     with world_of_one(tmp_path):
         module = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
-        observed.installed(torch_loaded=True)
-        assert observed.data_parallel_groups(scan=True) == [[0]]
+        unsharded.installed(torch_loaded=True)
+        assert unsharded.data_parallel_groups(scan=True) == [[0]]
         del module
     assert Disguised.reads == 0 and keep is not None

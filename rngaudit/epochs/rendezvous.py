@@ -25,12 +25,12 @@ import logging
 import sys
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from rngaudit import forksafe
 from rngaudit.capture.recorder import RECORDER
 from rngaudit.config import DEFAULT_TIMEOUT
-from rngaudit.epochs import ahead, observed
+from rngaudit.epochs import suspended, unsharded
 from rngaudit.ranks import exchange
 from rngaudit.ranks import store as protocol
 
@@ -39,14 +39,38 @@ log = logging.getLogger("rngaudit")
 MAX_PENDING = 64  # started epochs kept until a rendezvous, per process
 
 
+class Verdicts(Protocol):
+    """What the rendezvous hands the group's published epochs to (the epoch checks' judge)."""
+
+    def judge_first(self, epoch: unsharded.Epoch, published: dict[int, dict[str, Any]]) -> bool:
+        """The verdict at the first training step; True: compared again at later forwards."""
+        ...
+
+    def judge_so_far(
+        self,
+        epoch: unsharded.Epoch,
+        published: dict[int, dict[str, Any]],
+        forwards: int,
+        sharded_by: str | None = None,
+    ) -> bool:
+        """The verdict on what each rank was handed by a later forward; True when decided."""
+        ...
+
+    def warn_first(
+        self, epoch: unsharded.Epoch, missing: list[int], arrived: list[int], timeout: float
+    ) -> None:
+        """Ranks of the group did not reach the training forward: a warning."""
+        ...
+
+
 @dataclass
 class Started:
     """One observed epoch this rank started, waiting for the group's next training forward."""
 
-    epoch: observed.Epoch
+    epoch: unsharded.Epoch
     tape: Any  # weakref.ref to its partition.Tape
     record: dict[str, Any]  # what is published: key, epoch, first, content, ahead, ...
-    guard: Any  # the EpochGuard: _judge_first / _warn_first
+    verdicts: Verdicts  # where the group's published epochs are judged
 
 
 _lock = forksafe.lock()
@@ -58,13 +82,6 @@ _agreed: set[str] = set()  # loaders a whole group trained on together
 _counts: dict[str, int] = {}  # group -> rendezvous so far
 _given_up: set[str] = set()  # groups whose ranks did not all arrive once
 DECIDED: set[tuple[str, int]] = set()  # (loader key, epoch) judged with a finding here
-
-
-def _group(module: Any) -> list[int]:
-    ranks = observed._GROUPS.get(id(module))
-    if ranks is None:
-        ranks = observed._group_ranks(module)
-    return list(ranks)
 
 
 def _group_key(ranks: list[int]) -> str:
@@ -103,7 +120,7 @@ def sweep() -> None:
 def _arm(module: Any) -> None:
     """The one-shot hook on ``module`` (with the lock held); never raises."""
     _sweep()  # a spent hook of the module's last rendezvous goes first: one hook a module
-    if module in _hooks or _group_key(_group(module)) in _given_up:
+    if module in _hooks or _group_key(unsharded.group_of(module)) in _given_up:
         return
     entry = _following.get(id(module))
     if entry is not None and entry[0]() is module:
@@ -137,7 +154,7 @@ def started(item: Started) -> None:
         if tape is not None:
             _by_tape[tape] = item
         if item.epoch.key in _agreed:
-            for module in list(observed._FOUND.values()):
+            for module in list(unsharded.modules()):
                 _arm(module)
 
 
@@ -146,7 +163,7 @@ def content(tape: Any, batch: Any) -> None:
     with _lock:
         item = _by_tape.get(tape)
     if item is not None and "content" not in item.record:
-        item.record["content"] = ahead.digest(batch)
+        item.record["content"] = suspended.digest(batch)
 
 
 def fields(tape: Any) -> dict[str, Any]:
@@ -178,11 +195,11 @@ def _hook(module: Any, args: Any) -> None:
 
 
 def _rendezvous(module: Any) -> None:
-    ranks = _group(module)
+    ranks = unsharded.group_of(module)
     key = _group_key(ranks)
     with _lock:
         for other in list(_hooks.keys()):  # one rendezvous per group and arming
-            if _group_key(_group(other)) == key:
+            if _group_key(unsharded.group_of(other)) == key:
                 handle = _hooks.pop(other)
                 if handle is not None:  # (None: the counting hook's, kept)
                     _spent.append((weakref.ref(other), handle))  # removed later
@@ -218,7 +235,7 @@ def _rendezvous(module: Any) -> None:
         log.warning("rngaudit: the first-step comparison could not exchange", exc_info=True)
         return
     if missing:  # a warning (raised only in strict mode), never a wait beyond the timeout
-        mine[0].guard._warn_first(mine[0].epoch, missing, arrived, timeout)
+        mine[0].verdicts.warn_first(mine[0].epoch, missing, arrived, timeout)
         return
     per_rank: dict[int, dict[tuple[str, int], dict[str, Any]]] = {}
     for r, payload in zip(ranks, payloads, strict=True):
@@ -230,7 +247,7 @@ def _rendezvous(module: Any) -> None:
         with _lock:
             _agreed.add(ident[0])
         item = by_key[ident]
-        if item.guard._judge_first(item.epoch, {r: per_rank[r][ident] for r in ranks}):
+        if item.verdicts.judge_first(item.epoch, {r: per_rank[r][ident] for r in ranks}):
             follow(item, module)  # read lazily and not yet decided: compared again later
 
 
@@ -266,7 +283,7 @@ def follow(item: Started, module: Any, forwards: int = 1) -> None:
     from its first batch, outside a forward: the module's armed hook, if any, counts, else
     one is added there)."""
     with contextlib.suppress(Exception):
-        ranks = _group(module)
+        ranks = unsharded.group_of(module)
         with _lock:
             entry = _following.get(id(module))
             if entry is None or entry[0]() is not module:
@@ -345,11 +362,11 @@ def _base(f: Follow, forwards: int) -> protocol.Key:
 
 
 def _publish_so_far(module: Any, f: Follow) -> bool:
-    from rngaudit.epochs import early
+    from rngaudit.epochs import handed
 
     where = exchange.distributed()
     tape = f.item.tape()
-    summary = early.snapshot(tape) if tape is not None else None
+    summary = handed.snapshot(tape) if tape is not None else None
     if where is None or summary is None:
         _drop(module, f)  # every rank drops it at the same forward when none can read it
         return False
@@ -385,7 +402,7 @@ def _compare_so_far(module: Any, f: Follow, forwards: int) -> None:
         return
     published = {r: exchange.decode(bytes(p)) for r, p in zip(f.ranks, payloads, strict=True)}
     try:
-        decided = f.item.guard._judge_so_far(
+        decided = f.item.verdicts.judge_so_far(
             f.item.epoch, published, forwards, f.item.record.get("sharded_by")
         )
     except BaseException:

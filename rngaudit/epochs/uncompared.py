@@ -7,7 +7,7 @@ alive) every rank marks its observed loaders closed (it will publish no more), t
 most ``WAIT`` seconds in all, until every rank of each pending epoch has published it or
 closed; what all published is compared, and the ranks that did neither, or closed without
 publishing, are named (an epoch a rank left early it publishes, partial, before it closes:
-:mod:`~rngaudit.epochs.early`). A loader some rank never iterated is skipped (a rank-only
+:mod:`~rngaudit.epochs.handed`). A loader some rank never iterated is skipped (a rank-only
 loader: never compared, never waited for).
 """
 
@@ -17,7 +17,7 @@ import contextlib
 import time
 from typing import Any
 
-from rngaudit.epochs import observed
+from rngaudit.epochs import unsharded
 from rngaudit.ranks import exchange
 from rngaudit.ranks import store as protocol
 
@@ -41,8 +41,8 @@ def close(keys: list[str]) -> None:
 
 
 def settle(
-    epochs: list[observed.Epoch], seconds: float
-) -> list[tuple[observed.Epoch, list[dict[str, Any]] | None, list[int]]]:
+    epochs: list[unsharded.Epoch], seconds: float
+) -> list[tuple[unsharded.Epoch, list[dict[str, Any]] | None, list[int]]]:
     """Per pending epoch of a loader every rank iterated: every rank's summary when all
     published it (else None) and the ranks that did not publish it."""
     where = exchange.distributed()
@@ -51,22 +51,22 @@ def settle(
     world = where[1]
     store = protocol.default()
     deadline = time.monotonic() + seconds
-    out: list[tuple[observed.Epoch, list[dict[str, Any]] | None, list[int]]] = []
+    out: list[tuple[unsharded.Epoch, list[dict[str, Any]] | None, list[int]]] = []
     for epoch in epochs:
         base = protocol.epoch(epoch.key, epoch.epoch)
         iterated = protocol.per_rank(protocol.loader(epoch.key) / "iterated", range(world))
         if not store.check(iterated):
-            observed.forget(epoch)  # some rank never iterated this loader: not compared
+            unsharded.forget(epoch)  # some rank never iterated this loader: not compared
             continue
 
         while _unsettled(store, base, epoch.key, world) and time.monotonic() < deadline:
             time.sleep(_POLL)
-        got = observed.collect(epoch)
+        got = unsharded.collect(epoch)
         if got is not None:
             out.append((epoch, got, []))
             continue
         missing = [r for r in range(world) if not store.check([base / "end" / r])]
-        observed.forget(epoch)
+        unsharded.forget(epoch)
         out.append((epoch, None, missing))
     return out
 

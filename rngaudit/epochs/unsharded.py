@@ -46,7 +46,7 @@ class Epoch:
     epoch: int
     label: str
     chain: str
-    watch: Any  # rngaudit.epochs.order_check.Watch
+    watch: Any  # rngaudit.epochs.registry.Watch
 
 
 def loader_key(identity: str, chain: str, batch_size: Any, occurrence: int) -> str:
@@ -158,6 +158,19 @@ def installed(torch_loaded: bool) -> None:
     the heap is searched once more when needed, for modules built before, unless torch was
     not even imported (none can exist)."""
     _SEARCHED[0] = not torch_loaded
+
+
+def modules() -> list[Any]:
+    """The data-parallel modules noted so far that are still alive."""
+    return list(_FOUND.values())
+
+
+def group_of(module: Any) -> list[int]:
+    """The ranks of ``module``'s data-parallel group (as noted, else read now)."""
+    ranks = _GROUPS.get(id(module))
+    if ranks is None:
+        ranks = _group_ranks(module)
+    return list(ranks)
 
 
 def _group_ranks(module: Any) -> list[int]:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rngaudit import peek
-from rngaudit.epochs import observed, partition
+from rngaudit.epochs import partition, unsharded
 from rngaudit.ranks import exchange
 from rngaudit.ranks import store as protocol
 
@@ -186,7 +186,7 @@ def snapshot(tape: Any) -> dict[str, Any] | None:
     return summary
 
 
-def publish(epoch: observed.Epoch, summary: dict[str, Any]) -> None:
+def publish(epoch: unsharded.Epoch, summary: dict[str, Any]) -> None:
     """This rank's summary of ``epoch`` in the store, without waiting for the others."""
     where = exchange.distributed()
     if where is None:
