@@ -13,10 +13,10 @@ from rngaudit.errors import RNGDivergenceError as RNGDivergenceError
 from rngaudit.errors import WorkerDuplicateStreamError as WorkerDuplicateStreamError
 
 if TYPE_CHECKING:
+    from rngaudit.audit_report import AuditReport as AuditReport
     from rngaudit.epochs.keyed import sample_key as sample_key
     from rngaudit.findings import Finding as Finding
-    from rngaudit.reports.files import flush as wait_for_reports
-    from rngaudit.reports.model import AuditReport as AuditReport
+    from rngaudit.report_files import flush as wait_for_reports
     from rngaudit.with_block import Audit as Audit
     from rngaudit.with_block import audit as audit
 
@@ -27,10 +27,10 @@ __version__ = "0.1.0"
 _LAZY = {
     "Audit": ("rngaudit.with_block", "Audit"),
     "audit": ("rngaudit.with_block", "audit"),
-    "AuditReport": ("rngaudit.reports.model", "AuditReport"),
+    "AuditReport": ("rngaudit.audit_report", "AuditReport"),
     "Finding": ("rngaudit.findings", "Finding"),
     "sample_key": ("rngaudit.epochs.keyed", "sample_key"),
-    "wait_for_reports": ("rngaudit.reports.files", "flush"),
+    "wait_for_reports": ("rngaudit.report_files", "flush"),
 }
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rngaudit import __version__
+from rngaudit.audit_report import AuditReport
 from rngaudit.config import (
     DEFAULT_REPORT_DIR,
     ENV_MODE,
@@ -23,10 +24,9 @@ from rngaudit.config import (
     parse_timeout,
 )
 from rngaudit.errors import ConfigError, ReportError, RNGAuditError
+from rngaudit.report_files import set_aside, write_text
 from rngaudit.reports.diff_text import render_diff_json, render_diff_markdown, render_diff_text
-from rngaudit.reports.files import set_aside, write_text
 from rngaudit.reports.html_page import render_diff_html, render_html
-from rngaudit.reports.model import AuditReport
 from rngaudit.reports.reading import attempt_dirs, load_run
 from rngaudit.reports.report_text import (
     render_json,

@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rngaudit.reports.model import AuditReport
+    from rngaudit.audit_report import AuditReport
 
 
 class RNGAuditError(Exception):
     """Root of every error rngaudit raises.
 
-    ``report`` carries the :class:`~rngaudit.reports.model.AuditReport` when one exists.
+    ``report`` carries the :class:`~rngaudit.audit_report.AuditReport` when one exists.
     """
 
     def __init__(self, message: str, report: AuditReport | None = None) -> None:

@@ -190,7 +190,7 @@ class AuditDict(_AuditBase, total=False):
 
 
 class _ReportBase(TypedDict):
-    schema_version: int  # reports.model.SCHEMA_VERSION
+    schema_version: int  # audit_report.SCHEMA_VERSION
     run_id: str
     world_size: int
     findings: list[FindingDict]

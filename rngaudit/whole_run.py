@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rngaudit import config, launcher, peek
+from rngaudit.audit_report import AuditReport
 from rngaudit.capture.callsite import here
 from rngaudit.capture.instrument import torch_ops as instrument_torch
 from rngaudit.capture.patching import PatchSet
@@ -17,7 +18,6 @@ from rngaudit.epochs import order_check, partition, sharding
 from rngaudit.errors import ConfigError
 from rngaudit.ranks import exchange, group_end, session
 from rngaudit.ranks import store as protocol
-from rngaudit.reports.model import AuditReport
 
 log = logging.getLogger("rngaudit")
 

@@ -14,6 +14,7 @@ from types import TracebackType
 from typing import Any, TypedDict, TypeVar
 
 from rngaudit import config, peek
+from rngaudit.audit_report import AuditReport
 from rngaudit.capture import instrument as instrumentation  # noqa: F401  (registers the installer)
 from rngaudit.capture.callsite import here
 from rngaudit.capture.instrument import torch_ops as instrument_torch
@@ -23,7 +24,6 @@ from rngaudit.errors import RNGAuditError
 from rngaudit.findings import Finding
 from rngaudit.ranks import exchange, layout, session
 from rngaudit.ranks.policy import act
-from rngaudit.reports.model import AuditReport
 
 log = logging.getLogger("rngaudit")
 _F = TypeVar("_F", bound=Callable[..., Any])

@@ -56,7 +56,7 @@ def test_import_rngaudit_loads_only_the_errors_until_a_name_is_used() -> None:
         "True",
         "AuditReport",
         "Finding",
-        "rngaudit.reports.files",
+        "rngaudit.report_files",
         "True",
     ]
 

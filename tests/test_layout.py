@@ -41,8 +41,8 @@ def test_the_parameter_count_sees_a_long_list() -> None:
 
 
 def test_the_page_template_and_style_are_package_data() -> None:
+    from rngaudit.audit_report import AuditReport
     from rngaudit.reports.html_page import render_html
-    from rngaudit.reports.model import AuditReport
 
     files = importlib.resources.files("rngaudit.reports")
     page = files.joinpath("page.html").read_text(encoding="utf-8")
@@ -95,10 +95,10 @@ def test_no_file_holds_a_merge_conflict() -> None:
 # below leaves the TYPE_CHECKING ones out (they never run). Importing the root package
 # (``from rngaudit import __version__``) is no arrow: every import of a submodule runs it.
 KERNEL: tuple[str, ...] = ("errors", "config", "schema", "findings", "wording", "peek")
-KERNEL += ("library_samplers", "forksafe", "verdict", "launcher")
+KERNEL += ("library_samplers", "forksafe", "verdict", "launcher", "audit_report", "report_files")
 ENGINE = ("capture", "ranks", "epochs", "workers")
 LAYERS: dict[str, tuple[str, ...]] = {
-    "kernel": (),  # shared by both halves: errors, settings, shapes, findings, wording
+    "kernel": (),  # shared by both halves: errors, settings, shapes, findings, wording, the report
     "capture": ("kernel",),  # one rank's draws
     "ranks": ("kernel", "capture"),  # the cross-rank path
     "epochs": ("kernel", "capture", "ranks"),  # the order check at each epoch
@@ -213,14 +213,6 @@ KNOWN_UPWARD = {
     ("rngaudit.ranks.replicas", "rngaudit.epochs.unsharded"),
     ("rngaudit.ranks.rules", "rngaudit.epochs.order_rules"),
     ("rngaudit.ranks.rules", "rngaudit.epochs.partition"),
-    # the engine importing reports/: the report model and the atomic write of report files
-    ("rngaudit.epochs.registry", "rngaudit.reports.model"),
-    ("rngaudit.ranks.policy", "rngaudit.reports.model"),
-    ("rngaudit.ranks.session", "rngaudit.reports.files"),
-    ("rngaudit.ranks.session", "rngaudit.reports.model"),
-    ("rngaudit.workers.worker_files", "rngaudit.reports.files"),  # write_text, with session's
-    # the kernel naming a type of reports/ (TYPE_CHECKING only): RNGAuditError.report
-    ("rngaudit.errors", "rngaudit.reports.model"),
 }
 
 

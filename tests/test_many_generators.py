@@ -21,7 +21,7 @@ MANY = r"""
 import gc, json, sys, weakref
 import numpy as np, torch
 import rngaudit
-from rngaudit.reports import files
+from rngaudit import report_files
 from torchdata.stateful_dataloader import StatefulDataLoader
 n, seed, report_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 
@@ -50,7 +50,7 @@ with rngaudit.audit(report_dir=report_dir, mode="report") as audit:
     loader = StatefulDataLoader(range(16), sampler=Perm(own), batch_size=None)
     loader.state_dict()  # makes its iterator: the order is drawn before the first batch
     del loader, own
-files.flush()
+report_files.flush()
 del audit
 gc.collect()
 print(json.dumps({

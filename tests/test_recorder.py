@@ -355,14 +355,14 @@ def test_a_library_private_generator_made_at_import_is_not_recorded(tmp_path: Pa
 def test_report_files_are_written_after_the_block_in_order(report_dir: Path) -> None:
     import json
 
-    from rngaudit.reports import files
+    from rngaudit import report_files
 
     gate = threading.Event()
 
     def hold() -> None:
         gate.wait(timeout=30)
 
-    files.WRITER.submit(hold)  # hold the writer thread
+    report_files.WRITER.submit(hold)  # hold the writer thread
     try:
         with rngaudit.audit(report_dir=report_dir) as a:
             torch.rand(1)

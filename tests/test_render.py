@@ -19,8 +19,8 @@ import pytest
 from event_factory import make_event, site
 from samples import DATA, EXTRA_DRAW, GOLDEN, PREPARE, check_golden
 
+from rngaudit.audit_report import AuditReport
 from rngaudit.findings import Finding
-from rngaudit.reports.model import AuditReport
 from rngaudit.reports.reading import load_report_dir
 from rngaudit.reports.report_text import (
     MAX_TIMELINE_ROWS,

@@ -14,9 +14,9 @@ import browser
 import pytest
 from conftest import ROOT, run_python, torchrun
 
+from rngaudit.audit_report import AuditReport
 from rngaudit.cli import main
 from rngaudit.reports.html_page import render_diff_html, render_html
-from rngaudit.reports.model import AuditReport
 from rngaudit.reports.reading import load_report_dir
 from rngaudit.reports.run_diff import diff_reports
 

@@ -12,21 +12,21 @@ from pathlib import Path
 
 from conftest import ROOT
 
-from rngaudit.reports import files
+from rngaudit import report_files
 
 # Writes a report, but blocks (forever) between the temp file and the rename: the test kills it.
 KILLED_WRITER = """
 import os, sys, threading
 from pathlib import Path
-from rngaudit.reports import files
+from rngaudit import report_files
 real_replace = os.replace
 def stuck(src, dst, **dir_fds):  # names relative to the report directory's descriptor
     part = Path(sys.argv[2] + ".part")  # the test waits for the file: it appears whole
     part.write_text(str(Path(sys.argv[1]).parent / src))
     real_replace(part, sys.argv[2])
     threading.Event().wait()
-files.os.replace = stuck
-files.write_json(Path(sys.argv[1]), {"big": "x" * 100000})
+report_files.os.replace = stuck
+report_files.write_json(Path(sys.argv[1]), {"big": "x" * 100000})
 """
 
 
@@ -56,24 +56,24 @@ def test_a_writer_killed_mid_write_leaves_no_temp_file_after_the_next_write(
     proc.wait(timeout=60)
     left = Path(ready.read_text())
     assert left.exists() and left.name.endswith(".tmp")  # what kill -9 leaves behind
-    files.write_json(target, {"ok": True})
+    report_files.write_json(target, {"ok": True})
     assert json.loads(target.read_text()) == {"ok": True}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rank-0.json", "ready"]
 
 
 def test_temp_files_of_live_writers_and_other_files_are_kept(tmp_path: Path) -> None:
     target = tmp_path / "report.json"
-    host = files._HOST
+    host = report_files._HOST
     live = tmp_path / f".report.json.{os.getppid()}.{host}.abc.tmp"  # a live process
     other_host = tmp_path / ".report.json.999999999.elsewhere.abc.tmp"
     other_file = tmp_path / f".rank-0.json.999999999.{host}.abc.tmp"
     for path in (live, other_host, other_file):
         path.write_text("")
-    files.write_json(target, {})
+    report_files.write_json(target, {})
     assert live.exists() and other_host.exists() and other_file.exists()
-    old = time.time() - files.STALE_AFTER - 60
+    old = time.time() - report_files.STALE_AFTER - 60
     os.utime(other_host, (old, old))
-    files.write_json(target, {})
+    report_files.write_json(target, {})
     assert live.exists() and not other_host.exists() and other_file.exists()
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from rngaudit.audit_report import AuditReport
 from rngaudit.errors import RNGAuditTimeoutError, RNGAuditWarning, RNGDivergenceError
 from rngaudit.findings import (
     PERSISTENT_WORKER_STREAM,
@@ -21,7 +22,6 @@ from rngaudit.findings import (
 from rngaudit.ranks import session as session_mod
 from rngaudit.ranks.policy import act, fails, warns
 from rngaudit.ranks.session import Session, for_dir
-from rngaudit.reports.model import AuditReport
 
 
 def _worker(dataset: str, path: str = "self.rng", severity: str = "warning") -> Finding:

@@ -20,13 +20,13 @@ JOB = r"""
 import random, sys, time
 from pathlib import Path
 import rngaudit
-from rngaudit.reports import files
+from rngaudit import report_files
 report_dir, audits, pause_after, wait_for, signal = sys.argv[1:6]
 audits, pause_after = int(audits), int(pause_after)
 for i in range(audits):
     with rngaudit.audit(report_dir=report_dir, mode="report"):
         random.random()
-    files.flush()
+    report_files.flush()
     if i == pause_after:
         if signal != "-":
             Path(signal).touch()

@@ -8,9 +8,9 @@ from typing import Any
 from event_factory import make_event, site
 from samples import DATA, EXTRA_DRAW, PREPARE
 
+from rngaudit.audit_report import AuditReport
 from rngaudit.findings import Finding
 from rngaudit.reports import view
-from rngaudit.reports.model import AuditReport
 from rngaudit.reports.reading import load_report_dir
 from rngaudit.schema import AuditDict, Event, RankRecord
 

@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rngaudit import forksafe, peek, schema
+from rngaudit.audit_report import AuditReport
 from rngaudit.capture import naming
 from rngaudit.capture.recorder import RECORDER
 from rngaudit.config import Settings
 from rngaudit.epochs import partition, sharding, unsharded
 from rngaudit.findings import Finding
 from rngaudit.ranks.policy import act, fails
-from rngaudit.reports.model import AuditReport
 
 log = logging.getLogger("rngaudit")
 

@@ -28,7 +28,7 @@ class CallbackWindow:
 
     @property
     def report(self) -> Any:
-        """The :class:`~rngaudit.reports.model.AuditReport` once the window closed, else None."""
+        """The :class:`~rngaudit.audit_report.AuditReport` once the window closed, else None."""
         return self.audit.report if self.audit is not None else None
 
     def open(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 
+from rngaudit.audit_report import AuditReport
 from rngaudit.errors import (
     RNGAuditError,
     RNGAuditTimeoutError,
@@ -11,7 +12,6 @@ from rngaudit.errors import (
     RNGDivergenceError,
 )
 from rngaudit.findings import RANK_MISSING, Finding, severity_rank
-from rngaudit.reports.model import AuditReport
 
 
 def fails(finding: Finding, mode: str, strict: bool = False) -> bool:

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from rngaudit import forksafe, launcher, schema
+from rngaudit import forksafe, launcher, report_files, schema
+from rngaudit.audit_report import SCHEMA_VERSION, AuditReport
 from rngaudit.capture.rank_record import merge_deferred, rank_record, summarize_loaders
 from rngaudit.capture.recorder import RECORDER, Window
 from rngaudit.errors import (
@@ -23,8 +24,6 @@ from rngaudit.findings import Finding, verdict_of
 from rngaudit.ranks import exchange, rules
 from rngaudit.ranks import store as protocol
 from rngaudit.ranks.policy import act
-from rngaudit.reports import files
-from rngaudit.reports.model import SCHEMA_VERSION, AuditReport
 
 _private_random = random.Random(os.urandom(8))  # never the user's generators
 _sessions: dict[Path, Session] = {}
@@ -54,16 +53,20 @@ class _Target:
             return self.moved
         if not self.claimed:
             return self.top
-        names = [files.rank_path(self.top, rank), files.merged_path(self.top)]
+        names = [report_files.rank_path(self.top, rank), report_files.merged_path(self.top)]
         other = next(
-            (found for path in names if (found := files.run_id_of(path)) not in (None, run_id)),
+            (
+                found
+                for path in names
+                if (found := report_files.run_id_of(path)) not in (None, run_id)
+            ),
             None,
         )
         if other is None:
             return self.top
         self.moved = self.top / f"run-{run_id}"
         self.moved.mkdir(exist_ok=True)
-        files.set_aside(self.moved, run_id)
+        report_files.set_aside(self.moved, run_id)
         warnings.warn(
             f"rngaudit: another run (run id {other}) is writing its report into {self.top} "
             f"at the same time as this one (run id {run_id}); this run's report is written to "
@@ -408,9 +411,9 @@ class Session:
             with self._lock:
                 self.records.setdefault(self.rank, self._bare_record(self.rank))
             self.write()
-            files.flush()
-            return files.merged_path(self.target.moved or self.report_dir).exists() or (
-                files.rank_path(self.target.moved or self.report_dir, self.rank).exists()
+            report_files.flush()
+            return report_files.merged_path(self.target.moved or self.report_dir).exists() or (
+                report_files.rank_path(self.target.moved or self.report_dir, self.rank).exists()
             )
         except Exception:
             log.debug("rngaudit: could not write what was filed", exc_info=True)
@@ -453,9 +456,9 @@ class Session:
         """Write this rank's file, and on rank 0 the merged report.
 
         ``background``: the files are written on rngaudit's writer thread, in order, after
-        this returns (:func:`files.flush` waits for them). The first write of a run
+        this returns (:func:`report_files.flush` waits for them). The first write of a run
         moves files an earlier run left in the directory to ``previous/`` (see
-        :func:`files.set_aside`): a new run never destroys them.
+        :func:`report_files.set_aside`): a new run never destroys them.
         """
         with self._lock:
             self.identify()
@@ -487,23 +490,23 @@ class Session:
 
             def job() -> None:
                 rank_doc["findings"] = [f.to_dict() for f in merged.findings]
-                rank_text = files.encode(rank_doc)
-                merged_text = files.encode(merged.to_dict()) if rank == 0 else None
+                rank_text = report_files.encode(rank_doc)
+                merged_text = report_files.encode(merged.to_dict()) if rank == 0 else None
                 if set_aside:
-                    files.set_aside(report_dir, run_id)
+                    report_files.set_aside(report_dir, run_id)
                     target.claimed = True
                 where = target.place(run_id, rank)
-                files.write_text(files.rank_path(where, rank), rank_text)
+                report_files.write_text(report_files.rank_path(where, rank), rank_text)
                 if merged_text is not None:
-                    files.write_text(files.merged_path(where), merged_text)
+                    report_files.write_text(report_files.merged_path(where), merged_text)
 
             try:
                 if not report_dir.is_dir():  # (a stat: mkdir's EEXIST costs ~0.2 ms here)
                     report_dir.mkdir(parents=True, exist_ok=True)  # fails now, not later
                 if background:
-                    files.WRITER.submit(job)
+                    report_files.WRITER.submit(job)
                 else:
-                    files.flush()  # earlier background writes first: files stay in order
+                    report_files.flush()  # earlier background writes first: files stay in order
                     job()
             except OSError as exc:  # the verdict still stands; the report stays in memory
                 self._set_aside_for = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from rngaudit.reports.files import finite
+from rngaudit.report_files import finite
 from rngaudit.reports.report_text import WIDTH, markdown_code, markdown_text, wrap
 from rngaudit.reports.run_diff import (
     DIFFERENT_COUNT,

@@ -8,6 +8,7 @@ import importlib.resources
 import json
 from collections.abc import Callable, Iterator
 
+from rngaudit.audit_report import AuditReport
 from rngaudit.findings import Finding
 from rngaudit.reports.diff_text import (
     change_line,
@@ -17,7 +18,6 @@ from rngaudit.reports.diff_text import (
     rank_heading,
     verdict,
 )
-from rngaudit.reports.model import AuditReport
 from rngaudit.reports.run_diff import RankDiff, RunDiff, ordered_events
 from rngaudit.reports.view import (
     Timeline,

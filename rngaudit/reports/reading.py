@@ -12,12 +12,11 @@ import typing
 from pathlib import Path
 from typing import Any, NamedTuple, cast
 
-from rngaudit import schema
+from rngaudit import report_files, schema
+from rngaudit.audit_report import SCHEMA_VERSION, AuditReport
 from rngaudit.errors import ReportError
 from rngaudit.findings import RANK_MISSING, SEVERITIES, Finding, worst
-from rngaudit.reports import files
-from rngaudit.reports.files import MERGED_FILE, RANK_FILE
-from rngaudit.reports.model import SCHEMA_VERSION, AuditReport
+from rngaudit.report_files import MERGED_FILE, RANK_FILE
 from rngaudit.wording import format_ranks
 
 _RANK_PREFIX, _RANK_SUFFIX = RANK_FILE.split("{rank}")
@@ -108,7 +107,7 @@ def load_report_dir(path: str | os.PathLike[str]) -> AuditReport:
     Raises :class:`~rngaudit.errors.ReportError`, with a one-line message, for any input
     that cannot be used.
     """
-    files.flush()  # files this process is still writing in the background
+    report_files.flush()  # files this process is still writing in the background
     directory = Path(path)
     if not directory.exists():
         raise ReportError(f"report directory not found: {directory}")

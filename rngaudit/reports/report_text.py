@@ -7,9 +7,9 @@ import re
 import textwrap
 from typing import TextIO
 
+from rngaudit.audit_report import AuditReport
 from rngaudit.findings import Finding
-from rngaudit.reports.files import finite
-from rngaudit.reports.model import AuditReport
+from rngaudit.report_files import finite
 from rngaudit.reports.view import (
     Timeline,
     audit_name,

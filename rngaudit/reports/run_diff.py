@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rngaudit.reports.model import AuditReport
+from rngaudit.audit_report import AuditReport
 from rngaudit.reports.reading import load_report_dir
 from rngaudit.schema import DRAW, Event, Loader, RankRecord
 from rngaudit.wording import format_site

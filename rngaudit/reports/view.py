@@ -7,8 +7,8 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from rngaudit.audit_report import AuditReport
 from rngaudit.findings import SEVERITIES, Finding
-from rngaudit.reports.model import AuditReport
 from rngaudit.reports.run_diff import event_key
 from rngaudit.schema import DRAW, PRE_ITERATION, AuditDict, Event, Loader
 from rngaudit.wording import format_ranks, format_site

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rngaudit.reports import files
+from rngaudit import report_files
 
 REPORT_PREFIX = "w"
 REPORT_SUFFIX = ".json"
@@ -24,7 +24,7 @@ def write_report(
     """Write one worker's report atomically; never raises (a missing directory is fine)."""
     path = Path(report_dir) / report_name(worker_id, prefix)
     try:
-        files.write_text(path, json.dumps(report), mkdir=False)
+        report_files.write_text(path, json.dumps(report), mkdir=False)
     except Exception:
         return False
     return True
