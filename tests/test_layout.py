@@ -205,9 +205,6 @@ def layer_violations(found: list[Arrow]) -> set[tuple[str, str]]:
 # Arrows that run back up today, each being fixed; remove an entry when its fix lands (the
 # test fails while a listed arrow is gone, so the list only shrinks).
 KNOWN_UPWARD = {
-    # capture <- epochs: the rank record reads what a loader shards and its samples
-    ("rngaudit.capture.rank_record", "rngaudit.epochs.partition"),
-    ("rngaudit.capture.rank_record", "rngaudit.epochs.sharding"),
     # ranks <- epochs: the rules, the peers and the replicas' weights call into the epoch checks
     ("rngaudit.ranks.peers", "rngaudit.epochs.suspended"),
     ("rngaudit.ranks.replicas", "rngaudit.epochs.unsharded"),

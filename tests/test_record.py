@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+from conftest import run_python
 from event_factory import make_event
 
 import rngaudit
@@ -72,6 +74,28 @@ def test_a_loaders_summary_names_the_first_eight_samplers_of_its_chain(report_di
     (summary,) = a.report.ranks[0]["loaders"]
     assert summary["sampler"] == " > ".join(["BatchSampler", *["Wrap"] * 7])
     del loader
+
+
+# A fresh process that knows only the public API: the rank record is given its samples reader
+# by the epochs layer (which every entry imports), not by an import of its own.
+SPLIT_LOADER = """
+import json, sys, torch, rngaudit
+data = torch.utils.data.Subset(torch.utils.data.TensorDataset(torch.arange(8)), [1, 2, 5])
+with rngaudit.audit(report_dir=sys.argv[1], mode="report") as a:
+    loader = torch.utils.data.DataLoader(data, batch_size=2)
+with rngaudit.audit(report_dir=sys.argv[1], mode="report") as b:
+    whole = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.arange(8)))
+print(json.dumps([a.report.ranks[0]["loaders"], b.report.ranks[0]["loaders"]]))
+"""
+
+
+def test_a_loader_over_a_split_carries_its_samples_and_others_none(report_dir: Path) -> None:
+    result = run_python(["-c", SPLIT_LOADER, str(report_dir)])
+    assert result.returncode == 0, result.stderr
+    split, whole = json.loads(result.stdout.splitlines()[-1])
+    samples = split[0]["samples"]
+    assert (samples["root_size"], samples["taken"], samples["distinct"]) == (8, 3, 3)
+    assert "samples" not in whole[0]
 
 
 def test_an_order_check_record_not_fetched_is_its_groups_under_its_own_rank() -> None:

@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any, Literal
 
 from rngaudit import launcher, library_samplers, peek, schema
 from rngaudit.capture import environment, event_log, framework, naming
 from rngaudit.capture.recorder import RECORDER, Recorder
-from rngaudit.epochs import partition, sharding
+
+SamplesReader = Callable[[Any], "dict[str, Any] | None"]
+# How a loader's dataset's root samples are read for its record (``samples``): given by the
+# owner of the partition summary (epochs.partition, at its import: every entry imports it).
+_read_samples: list[SamplesReader] = []
+
+
+def read_samples_with(reader: SamplesReader) -> None:
+    """Have each loader's record carry the root samples its dataset holds, as ``reader``
+    summarises them (None: no split of a root dataset); until then it carries none."""
+    _read_samples[:] = [reader]
 
 
 def rank_record(
@@ -67,7 +78,7 @@ def summarize_loaders(rec: Recorder, events: list[schema.Event]) -> list[schema.
     out: list[schema.Loader] = []
     for loader in rec.new_loaders:
         name = naming.LOADERS.name(loader)
-        chain = sharding.loader_chain(loader)
+        chain = library_samplers.loader_chain(loader)
         generator = None
         for sampler in reversed(chain):
             generator = peek.attr(sampler, "generator")
@@ -87,7 +98,8 @@ def summarize_loaders(rec: Recorder, events: list[schema.Event]) -> list[schema.
             "fingerprint": early[0]["fingerprint"] if early else None,
             "output_digest": _sampler_field(early[0], "output_digest") if early else None,
         }
-        samples = partition.dataset_samples(peek.attr(loader, "dataset"))
+        dataset = peek.attr(loader, "dataset")
+        samples = next((read(dataset) for read in _read_samples), None)
         if samples is not None:
             entry["samples"] = samples
         out.append(entry)

@@ -18,6 +18,7 @@ import weakref
 from typing import Any
 
 from rngaudit import peek
+from rngaudit.capture import rank_record
 from rngaudit.epochs import sketch
 
 MAX_ROOT = 1 << 21  # root samples compared exactly (a 256 KiB bitmap per rank and epoch)
@@ -188,6 +189,9 @@ def dataset_samples(dataset: Any) -> dict[str, Any] | None:
         return tape.summary()
     except Exception:
         return None
+
+
+rank_record.read_samples_with(dataset_samples)  # each loader's record carries its samples
 
 
 _SEQUENCES = frozenset({list, tuple, range})
