@@ -426,3 +426,17 @@ def test_the_docs_state_the_layer_table() -> None:
     rows = dict(re.findall(r"^\| `(\w+)` \| (.*?) \|$", text, flags=re.M))
     stated = {name: tuple(re.findall(r"`(\w+)`", allowed)) for name, allowed in rows.items()}
     assert stated == LAYERS
+
+
+MAX_CLASS_LINES = 420  # issue 36: no class a whole subsystem (EpochGuard was 1,283 lines)
+
+
+def test_no_class_is_a_whole_subsystem() -> None:
+    long = [
+        f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name} ({lines})"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ClassDef)
+        and (lines := (node.end_lineno or node.lineno) - node.lineno + 1) > MAX_CLASS_LINES
+    ]
+    assert not long, f"classes over {MAX_CLASS_LINES} lines: {long}"
