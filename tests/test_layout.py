@@ -208,8 +208,7 @@ KNOWN_UPWARD = {
     # capture <- epochs: the rank record reads what a loader shards and its samples
     ("rngaudit.capture.rank_record", "rngaudit.epochs.partition"),
     ("rngaudit.capture.rank_record", "rngaudit.epochs.sharding"),
-    # ranks <- epochs: the rules, the peers and the replicas' weights call into the epoch checks
-    ("rngaudit.ranks.peers", "rngaudit.epochs.suspended"),
+    # ranks <- epochs: the rules and the replicas' weights call into the epoch checks
     ("rngaudit.ranks.replicas", "rngaudit.epochs.unsharded"),
     ("rngaudit.ranks.rules", "rngaudit.epochs.order_rules"),
     ("rngaudit.ranks.rules", "rngaudit.epochs.partition"),

@@ -10,8 +10,9 @@ import pytest
 import torch
 from ranks_in_process import Ranks, world_of_one
 
+from rngaudit.capture import batch_digest
 from rngaudit.config import Settings
-from rngaudit.epochs import handed, partition, rendezvous, suspended, unsharded
+from rngaudit.epochs import handed, partition, rendezvous, unsharded
 from rngaudit.epochs.order_check import Watch
 from rngaudit.ranks import exchange
 
@@ -138,7 +139,7 @@ def test_the_epochs_every_rank_published_are_judged_and_one_ranks_own_is_not(
     batch = torch.arange(4.0)
     rendezvous.content(train_tape, batch)
     rendezvous.content(train_tape, torch.zeros(4))  # digested once: the first batch's
-    assert rendezvous.fields(train_tape) == {"first": [0, 1], "content": suspended.digest(batch)}
+    assert rendezvous.fields(train_tape) == {"first": [0, 1], "content": batch_digest.digest(batch)}
     assert rendezvous.fields(partition.Tape([], 8)) == {}  # a tape it never saw
     theirs = {"key": "train", "epoch": 0, "first": [2, 3], "root_size": 8, "content": "c1"}
     with ranks.playing(1):  # rank 1 reached the forward first, with its epoch of "train"

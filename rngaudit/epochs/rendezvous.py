@@ -28,9 +28,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rngaudit import forksafe
+from rngaudit.capture import batch_digest
 from rngaudit.capture.recorder import RECORDER
 from rngaudit.config import DEFAULT_TIMEOUT
-from rngaudit.epochs import suspended, unsharded
+from rngaudit.epochs import unsharded
 from rngaudit.ranks import exchange
 from rngaudit.ranks import store as protocol
 
@@ -163,7 +164,7 @@ def content(tape: Any, batch: Any) -> None:
     with _lock:
         item = _by_tape.get(tape)
     if item is not None and "content" not in item.record:
-        item.record["content"] = suspended.digest(batch)
+        item.record["content"] = batch_digest.digest(batch)
 
 
 def fields(tape: Any) -> dict[str, Any]:
