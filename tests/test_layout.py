@@ -208,8 +208,7 @@ KNOWN_UPWARD = {
     # capture <- epochs: the rank record reads what a loader shards and its samples
     ("rngaudit.capture.rank_record", "rngaudit.epochs.partition"),
     ("rngaudit.capture.rank_record", "rngaudit.epochs.sharding"),
-    # ranks <- epochs: the rules and the replicas' weights call into the epoch checks
-    ("rngaudit.ranks.replicas", "rngaudit.epochs.unsharded"),
+    # ranks <- epochs: the rules call into the epoch checks
     ("rngaudit.ranks.rules", "rngaudit.epochs.order_rules"),
     ("rngaudit.ranks.rules", "rngaudit.epochs.partition"),
     # the engine importing reports/: the report model and the atomic write of report files

@@ -14,7 +14,7 @@ from rngaudit.capture import batch_digest
 from rngaudit.config import Settings
 from rngaudit.epochs import handed, partition, rendezvous, unsharded
 from rngaudit.epochs.order_check import Watch
-from rngaudit.ranks import exchange
+from rngaudit.ranks import data_parallel, exchange
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -65,15 +65,15 @@ def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
     }
     for name, value in state.items():
         monkeypatch.setattr(rendezvous, name, value)
-    monkeypatch.setattr(unsharded, "_FOUND", weakref.WeakValueDictionary())
-    monkeypatch.setattr(unsharded, "_GROUPS", {})
+    monkeypatch.setattr(data_parallel, "_FOUND", weakref.WeakValueDictionary())
+    monkeypatch.setattr(data_parallel, "_GROUPS", {})
 
 
 def _module(ranks: list[int]) -> torch.nn.Linear:
-    """A module of the data-parallel group ``ranks`` (as ``unsharded.note_module`` records it)."""
+    """A module of the data-parallel group ``ranks`` (as ``data_parallel.note_module`` notes it)."""
     module = torch.nn.Linear(2, 2)
-    unsharded._FOUND[id(module)] = module
-    unsharded._GROUPS[id(module)] = ranks
+    data_parallel._FOUND[id(module)] = module
+    data_parallel._GROUPS[id(module)] = ranks
     return module
 
 
@@ -204,8 +204,8 @@ def test_a_group_of_one_rank_is_never_armed_nor_waits(tmp_path: Path) -> None:
     guard = Guard()
     with world_of_one(tmp_path):
         module = torch.nn.Linear(2, 2)
-        unsharded.note_module(module)
-        assert unsharded._GROUPS[id(module)] == [0]  # the default group's ranks
+        data_parallel.note_module(module)
+        assert data_parallel._GROUPS[id(module)] == [0]  # the default group's ranks
         rendezvous.noted(module)
         assert len(module._forward_pre_hooks) == 0  # no cross-rank signal to wait for
         _started(guard, "train", timeout=0.2)
