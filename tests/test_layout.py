@@ -208,9 +208,6 @@ KNOWN_UPWARD = {
     # capture <- epochs: the rank record reads what a loader shards and its samples
     ("rngaudit.capture.rank_record", "rngaudit.epochs.partition"),
     ("rngaudit.capture.rank_record", "rngaudit.epochs.sharding"),
-    # ranks <- epochs: the rules call into the epoch checks
-    ("rngaudit.ranks.rules", "rngaudit.epochs.order_rules"),
-    ("rngaudit.ranks.rules", "rngaudit.epochs.partition"),
     # the engine importing reports/: the report model and the atomic write of report files
     ("rngaudit.epochs.registry", "rngaudit.reports.model"),
     ("rngaudit.ranks.policy", "rngaudit.reports.model"),
@@ -362,14 +359,14 @@ def test_the_private_check_sees_each_way_of_reaching_a_name() -> None:
     tree = ast.parse(
         "from rngaudit.ranks import exchange\n"
         "from rngaudit.ranks.exchange import _store\n"
-        "import rngaudit.epochs.sketch as sk\n"
+        "import rngaudit.capture.sketch as sk\n"
         "from rngaudit.integrations import _window\n"
         "exchange._delete(); sk._pack(); exchange.store(); exchange.__name__\n"
     )
     assert private_uses("rngaudit.capture.naming", tree) == {
         ("rngaudit.capture.naming", "rngaudit.ranks.exchange", "_store"),
         ("rngaudit.capture.naming", "rngaudit.ranks.exchange", "_delete"),
-        ("rngaudit.capture.naming", "rngaudit.epochs.sketch", "_pack"),
+        ("rngaudit.capture.naming", "rngaudit.capture.sketch", "_pack"),
         ("rngaudit.capture.naming", "rngaudit.integrations", "_window"),
     }
     assert private_uses("rngaudit.integrations.lightning", ast.parse(
