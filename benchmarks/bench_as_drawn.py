@@ -26,7 +26,7 @@ import torch.distributed as dist
 from rngaudit.config import Settings
 from rngaudit.epochs import handed, partition, rendezvous, unsharded
 from rngaudit.epochs.order_check import Watch
-from rngaudit.ranks import exchange
+from rngaudit.ranks import data_parallel, exchange
 
 
 class _Guard:
@@ -44,8 +44,8 @@ def main() -> None:
     exchange.distributed = lambda: (playing[0], 2)  # type: ignore[assignment]
     exchange._store = lambda: store  # type: ignore[assignment]
     module = torch.nn.Linear(2, 2)
-    unsharded._FOUND[id(module)] = module
-    unsharded._GROUPS[id(module)] = [0, 1]
+    data_parallel._FOUND[id(module)] = module
+    data_parallel._GROUPS[id(module)] = [0, 1]
     x = torch.ones(1, 2)
 
     def forward_us() -> float:

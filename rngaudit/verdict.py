@@ -45,7 +45,7 @@ Scope = Literal["epoch", "planned", "prefix", "left", "datasets"]
 class Taken:
     """Which samples each rank took, compared across the ranks: the one quantity every
     partition verdict is made on, whatever its source (index batches mapped to root samples,
-    :func:`~rngaudit.epochs.partition.overlap`; declared keys,
+    :func:`~rngaudit.ranks.overlap.measure`; declared keys,
     :func:`~rngaudit.epochs.keyed.overlap`; the datasets the ranks built).
 
     ``scope``: an ``epoch`` (also read ahead, before its first step), a ``planned`` epoch (the
@@ -101,7 +101,7 @@ class Verdict:
 
 def allowed_as(seen: Mapping[str, Any], world: int, sharding: Sharding = UNKNOWN) -> str | None:
     """The allowance (a name from :data:`ALLOWANCES`, or "nothing shared") that explains the
-    ranks' overlap (:func:`~rngaudit.epochs.partition.overlap`), or None when none does:
+    ranks' overlap (:func:`~rngaudit.ranks.overlap.measure`), or None when none does:
     harm. Where the overlap is estimated (a sketch), only the samples proven shared count."""
     shared = int(seen.get("shared_proven", seen["shared"]))
     if shared == 0:
@@ -231,7 +231,7 @@ def _log_poisson_cdf(m: int, mu: float) -> float:
 
 
 def replacement_ruled_out(seen: Mapping[str, Any], world: int) -> bool:
-    """Whether the samples the ranks share (:func:`~rngaudit.epochs.partition.overlap`) are
+    """Whether the samples the ranks share (:func:`~rngaudit.ranks.overlap.measure`) are
     too many for ranks that each sample independently with replacement (an overlap by design)
     while none repeats more than ``world - 1`` of its own: with k draws a rank from n samples,
     each pair of ranks shares about k²/n and each rank repeats about k²/2n, so ``shared``
@@ -248,7 +248,7 @@ def replacement_ruled_out(seen: Mapping[str, Any], world: int) -> bool:
 
 
 def by_chance_ruled_out(seen: Mapping[str, Any], world: int) -> bool:
-    """Whether the ranks' whole epochs (:func:`~rngaudit.epochs.partition.overlap`, exact)
+    """Whether the ranks' whole epochs (:func:`~rngaudit.ranks.overlap.measure`, exact)
     cannot be independent draws with replacement from the root: under that, a rank drawing k
     of n repeats some of its own, so the chance of repeating no more than it did (exactly
     n! / ((n - k)! n^k) for none, else a Poisson tail at the exact mean) multiplied over the

@@ -435,7 +435,7 @@ def test_a_big_roots_overlap_is_estimated_within_its_bound(runs: dict[str, Any],
     assert found, message
     estimate, spread = (int(g.replace(",", "")) for g in found.groups())
     assert abs(estimate - 2048) <= spread
-    from rngaudit.epochs import sketch
+    from rngaudit.capture import sketch
 
     assert abs(estimate - 2048) <= sketch.bound(2048, 3_000_000), message
     assert "hash sample of 1 in" in message and "2-fold duplication" in message

@@ -301,9 +301,10 @@ def test_an_epoch_left_early_is_published_when_the_group_goes(
     from rngaudit.config import Settings
     from rngaudit.epochs import unsharded
     from rngaudit.epochs.order_check import EpochGuard, Watch
+    from rngaudit.ranks import data_parallel
 
     ranks = Ranks(monkeypatch, 2)
-    monkeypatch.setattr(unsharded, "_SEARCHED", [True])  # no data-parallel module to look for
+    monkeypatch.setattr(data_parallel, "_SEARCHED", [True])  # no data-parallel module to look for
     checks = _Checks()
     guard = EpochGuard()
     guard.watch_all(Watch(Settings("raise", tmp_path, 5.0, False), checks, True))

@@ -202,17 +202,6 @@ def layer_violations(found: list[Arrow]) -> set[tuple[str, str]]:
     }
 
 
-# Arrows that run back up today, each being fixed; remove an entry when its fix lands (the
-# test fails while a listed arrow is gone, so the list only shrinks).
-KNOWN_UPWARD = {
-    # ranks <- epochs: the rules, the peers and the replicas' weights call into the epoch checks
-    ("rngaudit.ranks.peers", "rngaudit.epochs.suspended"),
-    ("rngaudit.ranks.replicas", "rngaudit.epochs.unsharded"),
-    ("rngaudit.ranks.rules", "rngaudit.epochs.order_rules"),
-    ("rngaudit.ranks.rules", "rngaudit.epochs.partition"),
-}
-
-
 def test_every_module_has_a_layer_and_the_table_names_only_layers() -> None:
     assert {layer(m) for m in MODULES} == set(LAYERS)
     assert all(set(allowed) < set(LAYERS) for allowed in LAYERS.values())
@@ -220,9 +209,7 @@ def test_every_module_has_a_layer_and_the_table_names_only_layers() -> None:
 
 def test_every_layer_imports_only_the_layers_it_may() -> None:
     found = layer_violations(ARROWS)
-    assert not found - KNOWN_UPWARD, f"new arrows up the layers: {sorted(found - KNOWN_UPWARD)}"
-    gone = KNOWN_UPWARD - found
-    assert not gone, f"fixed, remove from KNOWN_UPWARD: {sorted(gone)}"
+    assert not found, f"arrows up the layers (move the name to its owner): {sorted(found)}"
 
 
 def test_the_layer_check_sees_lazy_and_typing_imports() -> None:
@@ -282,15 +269,9 @@ def cycles(found: list[Arrow]) -> set[frozenset[str]]:
     return out
 
 
-# Cycles being fixed; remove an entry when its fix lands.
-KNOWN_CYCLES: set[frozenset[str]] = set()  # none left; a new one fails
-
-
 def test_no_import_cycle() -> None:
     found = cycles(ARROWS)
-    new, gone = found - KNOWN_CYCLES, KNOWN_CYCLES - found
-    assert not new, f"new import cycles: {sorted(map(sorted, new))}"
-    assert not gone, f"fixed, remove from KNOWN_CYCLES: {sorted(map(sorted, gone))}"
+    assert not found, f"import cycles: {sorted(map(sorted, found))}"
 
 
 def test_the_cycle_check_sees_a_lazy_loop_and_not_a_typing_one() -> None:
@@ -337,30 +318,23 @@ def private_uses(source: str, tree: ast.AST) -> set[tuple[str, str, str]]:
 
 PRIVATE_USES = {use for m, p in MODULES.items() for use in private_uses(m, _tree(p))}
 
-# Uses of another module's _name being fixed (the epoch checks' split and the store protocol's
-# owner); remove an entry when its fix lands.
-KNOWN_PRIVATE: set[tuple[str, str, str]] = set()  # none left; a new one fails
-
-
 def test_no_module_uses_another_modules_private_name() -> None:
-    new = PRIVATE_USES - KNOWN_PRIVATE
-    assert not new, f"another module's _name used (make it public where owned): {sorted(new)}"
-    gone = KNOWN_PRIVATE - PRIVATE_USES
-    assert not gone, f"fixed, remove from KNOWN_PRIVATE: {sorted(gone)}"
+    found = sorted(PRIVATE_USES)
+    assert not found, f"another module's _name used (make it public where owned): {found}"
 
 
 def test_the_private_check_sees_each_way_of_reaching_a_name() -> None:
     tree = ast.parse(
         "from rngaudit.ranks import exchange\n"
         "from rngaudit.ranks.exchange import _store\n"
-        "import rngaudit.epochs.sketch as sk\n"
+        "import rngaudit.capture.sketch as sk\n"
         "from rngaudit.integrations import _window\n"
         "exchange._delete(); sk._pack(); exchange.store(); exchange.__name__\n"
     )
     assert private_uses("rngaudit.capture.naming", tree) == {
         ("rngaudit.capture.naming", "rngaudit.ranks.exchange", "_store"),
         ("rngaudit.capture.naming", "rngaudit.ranks.exchange", "_delete"),
-        ("rngaudit.capture.naming", "rngaudit.epochs.sketch", "_pack"),
+        ("rngaudit.capture.naming", "rngaudit.capture.sketch", "_pack"),
         ("rngaudit.capture.naming", "rngaudit.integrations", "_window"),
     }
     assert private_uses("rngaudit.integrations.lightning", ast.parse(

@@ -18,6 +18,7 @@ from rngaudit.findings import (
     RANK_MISSING,
     SAMPLER_DRAW_DIVERGENCE,
 )
+from rngaudit.ranks import overlap
 from rngaudit.schema import EpochRecord, SamplerDraw
 
 DATA = TensorDataset(torch.arange(40))
@@ -131,10 +132,9 @@ def test_first_batches_of_one_permutation_never_overlap() -> None:
 
 
 def test_first_batches_of_different_permutations_overlapping_are_an_error() -> None:
-    from rngaudit.epochs import partition
 
     summaries = {0: _share(0, 5), 1: _share(1, 6)}
-    seen = partition.overlap(summaries)
+    seen = overlap.measure(summaries)
     assert seen is not None and seen["shared"] > 1  # the claim, measured
     finding = order_rules.first_batches_overlap(summaries, "L", "C", 1)
     assert finding is not None and finding.severity == "error"
@@ -147,15 +147,14 @@ def test_a_subclass_prefix_is_an_error_only_once_sampling_with_replacement_is_ru
     """Epoch 0 of a DistributedSampler subclass yielding lazily from per-rank draws: no earlier
     partition, so the overlap must be more than ranks sampling independently with replacement
     would show before any repeats of their own (34 shared at world 2)."""
-    from rngaudit.epochs import partition
 
     mine = "Mine (a DistributedSampler subclass)"
     few = {0: _share(0, 5), 1: _share(1, 6)}  # 8 samples each of 32: a few shared
-    seen = partition.overlap(few)
+    seen = overlap.measure(few)
     assert seen is not None and 1 < seen["shared"] < 34  # the claim, measured
     assert order_rules.first_batches_overlap(few, "L", "C", 0, drawn=4, sharded_by=mine) is None
     many = {r: _share(r, 5 + r, n=1024, k=256) for r in range(2)}
-    seen = partition.overlap(many)
+    seen = overlap.measure(many)
     assert seen is not None and seen["shared"] >= 34 and max(seen["repeats"].values()) == 0
     finding = order_rules.first_batches_overlap(many, "L", "C", 0, drawn=64, sharded_by=mine)
     assert finding is not None and finding.severity == "error"
@@ -165,7 +164,7 @@ def test_a_subclass_prefix_is_an_error_only_once_sampling_with_replacement_is_ru
     assert "Found before training step 65 of the epoch" in finding.message
     # with replacement, as many shared come with repeats of their own: never an error
     drawn = {r: _share(r, 5 + r, n=1024, k=256, replacement=True) for r in range(2)}
-    seen = partition.overlap(drawn)
+    seen = overlap.measure(drawn)
     assert seen is not None and seen["shared"] > 1 and max(seen["repeats"].values()) > 1
     assert order_rules.first_batches_overlap(drawn, "L", "C", 0, drawn=64, sharded_by=mine) is None
 
@@ -301,7 +300,7 @@ def test_whole_epochs_that_independent_draws_with_replacement_could_give_are_tol
 
     n = 1_000_000
     small = {0: summary([1, 2, *range(10, 1608)], n), 1: summary([1, 2, *range(5000, 6598)], n)}
-    seen = partition.overlap(small)
+    seen = overlap.measure(small)
     assert seen is not None and seen["shared"] == 2 and max(seen["repeats"].values()) == 0
     assert not harm.by_chance_ruled_out(seen, 2)
     finding, _ = order_rules.observed_overlap(small, "L", "C", 0, False, True)
@@ -311,7 +310,7 @@ def test_whole_epochs_that_independent_draws_with_replacement_could_give_are_tol
     # 48 of 64 from each rank's own permutation: sampling with replacement would repeat
     perms = [torch.randperm(64, generator=torch.Generator().manual_seed(r)) for r in range(2)]
     whole = {r: summary(perms[r][:48].tolist(), 64) for r in range(2)}
-    seen = partition.overlap(whole)
+    seen = overlap.measure(whole)
     assert seen is not None and not seen["identical"] and seen["shared"] > 1
     assert harm.by_chance_ruled_out(seen, 2)
     finding, _ = order_rules.observed_overlap(whole, "L", "C", 0, False, True)

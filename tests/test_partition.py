@@ -9,6 +9,7 @@ import numpy as np
 import torch.utils.data as D
 
 from rngaudit.epochs import order_rules, partition
+from rngaudit.ranks import overlap
 
 
 class Wrapper(D.Dataset[int]):
@@ -68,11 +69,11 @@ def test_an_abandoned_tape_compares_nothing() -> None:
 
 def test_overlap_counts_shared_and_missing_samples() -> None:
     a, b = _summary(8, [0, 1, 2, 3]), _summary(8, [2, 3, 4, 5])
-    seen = partition.overlap({0: a, 1: b})
+    seen = overlap.measure({0: a, 1: b})
     assert seen is not None
     assert (seen["shared"], seen["union"], seen["per_rank"]) == (2, 6, {0: 4, 1: 4})
-    assert partition.overlap({0: a}) is None
-    assert partition.overlap({0: a, 1: {"known": False}}) is None
+    assert overlap.measure({0: a}) is None
+    assert overlap.measure({0: a, 1: {"known": False}}) is None
 
 
 def test_the_rule_allows_padding_and_sampling_with_replacement() -> None:

@@ -10,10 +10,11 @@ import pytest
 import torch
 from ranks_in_process import Ranks, world_of_one
 
+from rngaudit.capture import batch_digest
 from rngaudit.config import Settings
-from rngaudit.epochs import handed, partition, rendezvous, suspended, unsharded
+from rngaudit.epochs import handed, partition, rendezvous, unsharded
 from rngaudit.epochs.order_check import Watch
-from rngaudit.ranks import exchange
+from rngaudit.ranks import data_parallel, exchange
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -64,15 +65,15 @@ def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
     }
     for name, value in state.items():
         monkeypatch.setattr(rendezvous, name, value)
-    monkeypatch.setattr(unsharded, "_FOUND", weakref.WeakValueDictionary())
-    monkeypatch.setattr(unsharded, "_GROUPS", {})
+    monkeypatch.setattr(data_parallel, "_FOUND", weakref.WeakValueDictionary())
+    monkeypatch.setattr(data_parallel, "_GROUPS", {})
 
 
 def _module(ranks: list[int]) -> torch.nn.Linear:
-    """A module of the data-parallel group ``ranks`` (as ``unsharded.note_module`` records it)."""
+    """A module of the data-parallel group ``ranks`` (as ``data_parallel.note_module`` notes it)."""
     module = torch.nn.Linear(2, 2)
-    unsharded._FOUND[id(module)] = module
-    unsharded._GROUPS[id(module)] = ranks
+    data_parallel._FOUND[id(module)] = module
+    data_parallel._GROUPS[id(module)] = ranks
     return module
 
 
@@ -138,7 +139,7 @@ def test_the_epochs_every_rank_published_are_judged_and_one_ranks_own_is_not(
     batch = torch.arange(4.0)
     rendezvous.content(train_tape, batch)
     rendezvous.content(train_tape, torch.zeros(4))  # digested once: the first batch's
-    assert rendezvous.fields(train_tape) == {"first": [0, 1], "content": suspended.digest(batch)}
+    assert rendezvous.fields(train_tape) == {"first": [0, 1], "content": batch_digest.digest(batch)}
     assert rendezvous.fields(partition.Tape([], 8)) == {}  # a tape it never saw
     theirs = {"key": "train", "epoch": 0, "first": [2, 3], "root_size": 8, "content": "c1"}
     with ranks.playing(1):  # rank 1 reached the forward first, with its epoch of "train"
@@ -203,8 +204,8 @@ def test_a_group_of_one_rank_is_never_armed_nor_waits(tmp_path: Path) -> None:
     guard = Guard()
     with world_of_one(tmp_path):
         module = torch.nn.Linear(2, 2)
-        unsharded.note_module(module)
-        assert unsharded._GROUPS[id(module)] == [0]  # the default group's ranks
+        data_parallel.note_module(module)
+        assert data_parallel._GROUPS[id(module)] == [0]  # the default group's ranks
         rendezvous.noted(module)
         assert len(module._forward_pre_hooks) == 0  # no cross-rank signal to wait for
         _started(guard, "train", timeout=0.2)

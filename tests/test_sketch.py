@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from torch.utils.data.distributed import DistributedSampler
 
 import rngaudit
-from rngaudit.epochs import order_rules, partition, sketch
+from rngaudit.capture import sketch
+from rngaudit.epochs import order_rules, partition
 
 
 def _summary(size: int, keys: np.ndarray, batches: bool = False) -> dict[str, Any]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 from torch.utils.data import BatchSampler, RandomSampler, Sampler, SequentialSampler
@@ -111,13 +110,3 @@ def test_an_epoch_list_of_user_objects_is_unknown_and_never_touched(first: Any) 
     it = iter(epoch)
     assert suspended.epoch_indices(it, next(it), epoch) is None
     assert Probed.calls == 0
-
-
-def test_the_content_digest_tells_content_apart_and_unknown_is_none() -> None:
-    batch = {"x": torch.arange(6).view(2, 3), "y": [1, "a", b"b", None], "z": np.ones(2)}
-    same = {"x": torch.arange(6).view(2, 3), "y": [1, "a", b"b", None], "z": np.ones(2)}
-    assert suspended.digest(batch) is not None and suspended.digest(batch) == suspended.digest(same)
-    assert suspended.digest(torch.arange(4)) != suspended.digest(torch.arange(4) + 1)
-    assert suspended.digest(torch.arange(4)) != suspended.digest(torch.arange(4).view(2, 2))
-    assert suspended.digest([torch.zeros(1), object()]) is None  # an unknown part: unknown
-    assert suspended.digest(np.array([object()])) is None

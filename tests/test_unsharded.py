@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import gc
 import threading
-import weakref
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from ranks_in_process import Ranks, world_of_one
 
 from rngaudit.config import Settings
@@ -22,10 +19,7 @@ pytestmark = pytest.mark.timeout(60)
 
 @pytest.fixture(autouse=True)
 def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
-    """This process's data-parallel modules and wait counts, empty for each test."""
-    monkeypatch.setattr(unsharded, "_FOUND", weakref.WeakValueDictionary())
-    monkeypatch.setattr(unsharded, "_GROUPS", {})
-    monkeypatch.setattr(unsharded, "_SEARCHED", [False])
+    """This process's wait counts, empty for each test."""
     monkeypatch.setattr(unsharded, "WAITED", unsharded.WAITED.__class__())
 
 
@@ -130,54 +124,3 @@ def test_without_a_group_of_several_ranks_nothing_is_published(tmp_path: Path) -
         store = distributed_c10d._get_default_store()
         assert not store.check([f"{unsharded.PREFIX}/k/0/start/0"])
         assert not store.check([f"{unsharded.PREFIX}/k/0/end/0"])
-
-
-def test_data_parallel_groups_are_the_modules_noted_or_found_once_on_the_heap(
-    tmp_path: Path,
-) -> None:
-    with world_of_one(tmp_path):
-        assert unsharded.data_parallel_groups(scan=True) is None  # none exists
-        assert unsharded.data_parallel_groups(scan=True) is None
-        built_before = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
-        assert unsharded.data_parallel_groups(scan=True) is None  # searched once already
-        unsharded.installed(torch_loaded=True)  # a new installation of the guard
-        assert unsharded.data_parallel_groups(scan=False) is None  # not asked to search
-        assert unsharded.data_parallel_groups(scan=True) == [[0]]  # found on the heap
-        assert unsharded._FOUND[id(built_before)] is built_before  # and noted
-        del built_before
-        gc.collect()
-        assert unsharded.data_parallel_groups(scan=True) is None  # gone; not searched again
-        module = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
-        unsharded.note_module(module)  # built while the guard is installed
-        assert unsharded.data_parallel_groups(scan=False) == [[0]]
-        assert unsharded._group_ranks(torch.nn.Linear(2, 2)) == [0]  # no group: the world's
-        del module
-        gc.collect()
-        unnoted = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
-        unsharded.installed(torch_loaded=False)  # torch was not imported: none can exist
-        assert unsharded.data_parallel_groups(scan=True) is None  # so the heap is not searched
-        assert id(unnoted) not in unsharded._FOUND
-
-
-class Disguised:
-    """A user's object whose ``__class__`` is a property (``isinstance`` would call it)."""
-
-    reads = 0
-
-    @property  # type: ignore[misc]
-    def __class__(self) -> type:
-        Disguised.reads += 1
-        raise RuntimeError("__class__ of a user's object")
-
-
-def test_the_heap_search_reads_each_objects_type_never_its_class_attribute(
-    tmp_path: Path,
-) -> None:
-    Disguised.reads = 0
-    keep = Disguised()
-    with world_of_one(tmp_path):
-        module = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
-        unsharded.installed(torch_loaded=True)
-        assert unsharded.data_parallel_groups(scan=True) == [[0]]
-        del module
-    assert Disguised.reads == 0 and keep is not None

@@ -14,7 +14,7 @@ import torch
 from rngaudit import verdict as harm
 from rngaudit.epochs import keyed, order_rules, partition, sharding
 from rngaudit.findings import Finding
-from rngaudit.ranks import rules
+from rngaudit.ranks import overlap, rules
 from rngaudit.schema import EpochRecord, Event, RankRecord, SamplerDict, SamplerDraw
 
 GOLDEN = Path(__file__).parent / "golden" / "verdicts.json"
@@ -125,7 +125,7 @@ def _index_table(world: int) -> dict[str, Any]:
             s = {r: _summary(t, n, training) for r, t in taken.items()}
             row = f"w{world}/{name}" + ("" if training else "/no-grad")
             if training:
-                seen = partition.overlap(s)
+                seen = overlap.measure(s)
                 assert seen is not None
                 out[f"{row}/allowed_as"] = str(harm.allowed_as(seen, world))
                 for label, rounds in (

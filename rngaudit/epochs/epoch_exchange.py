@@ -21,7 +21,7 @@ from rngaudit.capture.recorder import RECORDER
 from rngaudit.epochs import handed, partition, rendezvous, sharding, uncompared, unsharded
 from rngaudit.epochs.judging import Judge
 from rngaudit.epochs.registry import ObservedEpoch, Registry
-from rngaudit.ranks import exchange, group_end
+from rngaudit.ranks import data_parallel, exchange, group_end
 from rngaudit.wording import ranks_phrase
 
 log = logging.getLogger("rngaudit")
@@ -90,7 +90,7 @@ class EpochExchange:
             folded = handed.fold(tape)
             if folded is None:
                 return
-            groups = unsharded.data_parallel_groups(scan=False)
+            groups = data_parallel.data_parallel_groups(scan=False)
             summary = dict(folded, identity=context.loader.identity, training=context.training,
                            data_parallel=groups)  # fmt: skip
             summary.update(rendezvous.fields(tape))

@@ -31,7 +31,7 @@ from rngaudit.epochs.registry import (
 )
 from rngaudit.epochs.sharded_check import ShardedCheck, planned
 from rngaudit.epochs.surgery import Surgery, arm_modules, draw_summary
-from rngaudit.ranks import exchange
+from rngaudit.ranks import data_parallel, exchange
 from rngaudit.schema import DRAW
 
 log = logging.getLogger("rngaudit")
@@ -268,7 +268,7 @@ class IndexBatches:
                 return
             epoch, known, training = context.epoch, context.loader, context.training
             arm_modules()
-            if not unsharded.modules():
+            if not data_parallel.modules():
                 return  # no data-parallel module: no training forward every rank is known to make
             summary: dict[str, Any] = {"known": False}
             indices = suspended.epoch_indices(source, batch, peek.attr(iterator, "_index_sampler"))
@@ -295,7 +295,7 @@ class IndexBatches:
         handed.done(tape)
         rendezvous.unfollow(tape)
         try:
-            groups = unsharded.data_parallel_groups(scan=not known.scanned)
+            groups = data_parallel.data_parallel_groups(scan=not known.scanned)
             known.scanned = True
             summary = dict(
                 tape.summary(), identity=known.identity, training=training, data_parallel=groups

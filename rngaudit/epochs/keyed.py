@@ -337,7 +337,7 @@ def pack(sorted_hashes: Any) -> str:
     """Sorted uint64 hashes, delta-coded and compressed (text, for the store)."""
     import numpy as np
 
-    from rngaudit.epochs import sketch
+    from rngaudit.capture import sketch
 
     with np.errstate(over="ignore"):
         deltas = np.diff(sorted_hashes, prepend=np.uint64(0)).astype(np.uint64)
@@ -347,7 +347,7 @@ def pack(sorted_hashes: Any) -> str:
 def unpack(text: Any) -> Any:
     import numpy as np
 
-    from rngaudit.epochs import sketch
+    from rngaudit.capture import sketch
 
     deltas = sketch.unpack_ints(text).view(np.uint64)
     with np.errstate(over="ignore"):
@@ -361,7 +361,7 @@ def overlap(summaries: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
     with the bound of each estimate. None when some rank's epoch is unknown."""
     import numpy as np
 
-    from rngaudit.epochs import sketch
+    from rngaudit.capture import sketch
 
     if not summaries or not all(s.get("known") for s in summaries.values()):
         return None
@@ -400,7 +400,7 @@ def _count(n: int, seen: dict[str, Any], bound: float | None = None) -> str:
 
 
 def _bound(n: int, p: float) -> float:
-    from rngaudit.epochs import sketch
+    from rngaudit.capture import sketch
 
     return sketch.bound_at(n, p)
 

@@ -7,8 +7,10 @@ from typing import Any
 
 from rngaudit import findings as fk
 from rngaudit import verdict
-from rngaudit.epochs import partition, sketch
+from rngaudit.capture import sketch
 from rngaudit.findings import Finding
+from rngaudit.ranks import overlap
+from rngaudit.ranks.rules import DATASET_REMEDY
 from rngaudit.schema import EpochRecord, SamplerDraw
 from rngaudit.wording import format_site, ranks_phrase
 
@@ -32,12 +34,6 @@ SEEDABLE_REMEDY = (
     "seeds from data_seed (or torch.initial_seed()) + epoch, so set_seed(SEED) without "
     "device_specific=True, or the same data_seed= / TrainingArguments(seed=, data_seed=) on "
     "every rank."
-)
-DATASET_REMEDY = (
-    "Build the dataset identically on every rank: random_split(ds, lengths, "
-    "generator=torch.Generator().manual_seed(SEED)), Subset(ds, torch.randperm(n, "
-    "generator=torch.Generator().manual_seed(SEED))), random.Random(SEED).shuffle(items); or "
-    "split once on rank 0 and share the indices (a file, or broadcast_object_list)."
 )
 POSITION_REMEDY = (
     "Restore every rank's loader from the same step: save each rank's "
@@ -240,7 +236,7 @@ def planned_overlap(
     yields lazily) leave a warning (``details["shares"] = "unread"``), and the epoch's end
     measures what the ranks were handed (under DDP/FSDP also the training steps as they come:
     :meth:`~rngaudit.epochs.order_check.EpochGuard._follow_drawn`)."""
-    seen = partition.overlap(summaries) if complete else None
+    seen = overlap.measure(summaries) if complete else None
     out: list[Finding] = []
     for f in found:
         if f.details.get("measure") != "planned":
@@ -530,7 +526,7 @@ def partition_overlap(
     ``sharding``: what the trigger knows of the sharder (accelerate's even_batches rounds).
     """
     world = len(summaries)
-    seen = partition.overlap(summaries)
+    seen = overlap.measure(summaries)
     if seen is None:
         return None
     decided = verdict.decide(
@@ -598,7 +594,7 @@ def observed_overlap(
     samples no rank took (the epoch did not finish).
     """
     world = len(summaries)
-    seen = partition.overlap(summaries)
+    seen = overlap.measure(summaries)
     if seen is None:
         return None, False
     identical = bool(seen.get("identical"))
@@ -741,7 +737,7 @@ def first_batches_overlap(
     sampler class that shards the loader (a DistributedSampler subclass whose own ``__iter__``
     drew from state that differs across ranks), the reason the overlap is harm instead."""
     world = len(summaries)
-    seen = partition.overlap(summaries)
+    seen = overlap.measure(summaries)
     if seen is None:
         return None
     # no earlier partition with a sharder: too few shared to rule out sampling by design

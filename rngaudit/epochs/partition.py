@@ -4,7 +4,7 @@ The main process draws every index batch of a map-style loader (``_next_index``,
 workers), so what a rank is handed is observed whatever sampler, batch sampler or shard made it.
 Indices are mapped to the root dataset through ``Subset``-like ``indices`` and wrapper
 ``dataset`` attributes and summarised as a bitmap of the samples taken (exact, for datasets up
-to ``MAX_ROOT`` samples; above, a fixed-size hash sample of them, :mod:`~rngaudit.epochs.sketch`)
+to ``MAX_ROOT`` samples; above, a fixed-size hash sample of them, :mod:`~rngaudit.capture.sketch`)
 and how many were taken (repeats within the rank: taken - distinct).
 """
 
@@ -18,8 +18,7 @@ import weakref
 from typing import Any
 
 from rngaudit import peek
-from rngaudit.capture import rank_record
-from rngaudit.epochs import sketch
+from rngaudit.capture import rank_record, sketch
 
 MAX_ROOT = 1 << 21  # root samples compared exactly (a 256 KiB bitmap per rank and epoch)
 MAX_SKETCH_ROOT = 1 << 40  # root samples observed at all (above MAX_ROOT: by a sketch)
@@ -176,9 +175,10 @@ def holds_split(dataset: Any) -> bool:
 
 
 def dataset_samples(dataset: Any) -> dict[str, Any] | None:
-    """The root samples a dataset holds, as a summary :func:`overlap` compares, when it holds
-    a ``Subset``-like level (a per-rank split or shard of a root dataset up to
-    ``MAX_DATASET_ROOT`` samples); None otherwise. Read without ``__getitem__`` or a draw."""
+    """The root samples a dataset holds, as a summary :func:`~rngaudit.ranks.overlap.measure`
+    compares, when it holds a ``Subset``-like level (a per-rank split or shard of a root
+    dataset up to ``MAX_DATASET_ROOT`` samples); None otherwise. Read without ``__getitem__``
+    or a draw."""
     mapping = root_mapping(dataset, MAX_DATASET_ROOT)
     if mapping is None or not mapping[0]:
         return None
@@ -349,33 +349,3 @@ class Tape:
             "distinct": int(seen.sum()),
             "bitmap": base64.b64encode(np.packbits(seen).tobytes()).decode("ascii"),
         }
-
-
-def overlap(summaries: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
-    """Across ranks: how many root samples more than one rank took, and how many none did
-    (of those any rank's dataset holds); None when a rank's epoch could not be observed."""
-    import numpy as np
-
-    if len(summaries) < 2 or not all(s.get("known") for s in summaries.values()):
-        return None
-    sizes = {int(s["root_size"]) for s in summaries.values()}
-    if len(sizes) != 1:
-        return None
-    size = sizes.pop()
-    if any("sketch" in s for s in summaries.values()):
-        if not all("sketch" in s for s in summaries.values()):
-            return None
-        return sketch.overlap(summaries, size)
-    total = np.zeros(size, dtype=np.int32)
-    for s in summaries.values():
-        bits = np.frombuffer(base64.b64decode(s["bitmap"]), dtype=np.uint8)
-        total += np.unpackbits(bits)[:size].astype(np.int32)
-    repeats = {r: int(s["taken"]) - int(s["distinct"]) for r, s in summaries.items()}
-    return {
-        "root_size": size,
-        "shared": int((total > 1).sum()),  # taken by more than one rank
-        "union": int((total > 0).sum()),
-        "per_rank": {r: int(s["distinct"]) for r, s in summaries.items()},
-        "repeats": repeats,  # within one rank: sampling with replacement (or padding)
-        "identical": len({str(s.get("bitmap")) for s in summaries.values()}) == 1,
-    }

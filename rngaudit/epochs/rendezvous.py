@@ -28,10 +28,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rngaudit import forksafe
+from rngaudit.capture import batch_digest
 from rngaudit.capture.recorder import RECORDER
 from rngaudit.config import DEFAULT_TIMEOUT
-from rngaudit.epochs import suspended, unsharded
-from rngaudit.ranks import exchange
+from rngaudit.epochs import unsharded
+from rngaudit.ranks import data_parallel, exchange
 from rngaudit.ranks import store as protocol
 
 log = logging.getLogger("rngaudit")
@@ -120,7 +121,7 @@ def sweep() -> None:
 def _arm(module: Any) -> None:
     """The one-shot hook on ``module`` (with the lock held); never raises."""
     _sweep()  # a spent hook of the module's last rendezvous goes first: one hook a module
-    if module in _hooks or _group_key(unsharded.group_of(module)) in _given_up:
+    if module in _hooks or _group_key(data_parallel.group_of(module)) in _given_up:
         return
     entry = _following.get(id(module))
     if entry is not None and entry[0]() is module:
@@ -154,7 +155,7 @@ def started(item: Started) -> None:
         if tape is not None:
             _by_tape[tape] = item
         if item.epoch.key in _agreed:
-            for module in list(unsharded.modules()):
+            for module in list(data_parallel.modules()):
                 _arm(module)
 
 
@@ -163,7 +164,7 @@ def content(tape: Any, batch: Any) -> None:
     with _lock:
         item = _by_tape.get(tape)
     if item is not None and "content" not in item.record:
-        item.record["content"] = suspended.digest(batch)
+        item.record["content"] = batch_digest.digest(batch)
 
 
 def fields(tape: Any) -> dict[str, Any]:
@@ -195,11 +196,11 @@ def _hook(module: Any, args: Any) -> None:
 
 
 def _rendezvous(module: Any) -> None:
-    ranks = unsharded.group_of(module)
+    ranks = data_parallel.group_of(module)
     key = _group_key(ranks)
     with _lock:
         for other in list(_hooks.keys()):  # one rendezvous per group and arming
-            if _group_key(unsharded.group_of(other)) == key:
+            if _group_key(data_parallel.group_of(other)) == key:
                 handle = _hooks.pop(other)
                 if handle is not None:  # (None: the counting hook's, kept)
                     _spent.append((weakref.ref(other), handle))  # removed later
@@ -283,7 +284,7 @@ def follow(item: Started, module: Any, forwards: int = 1) -> None:
     from its first batch, outside a forward: the module's armed hook, if any, counts, else
     one is added there)."""
     with contextlib.suppress(Exception):
-        ranks = unsharded.group_of(module)
+        ranks = data_parallel.group_of(module)
         with _lock:
             entry = _following.get(id(module))
             if entry is None or entry[0]() is not module:

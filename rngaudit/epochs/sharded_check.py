@@ -21,7 +21,7 @@ from rngaudit.epochs.judging import Judge, ranks_of
 from rngaudit.epochs.registry import LoaderState, Registry, ShardedEpoch, Watch
 from rngaudit.epochs.surgery import Surgery, arm_modules, draw_summary
 from rngaudit.findings import Finding
-from rngaudit.ranks import exchange, peers
+from rngaudit.ranks import data_parallel, exchange, peers
 
 log = logging.getLogger("rngaudit")
 
@@ -89,11 +89,11 @@ class ShardedCheck:
             if tape is None or tape.closed or where is None or not tape.known:
                 return
             arm_modules()
-            modules = unsharded.modules()
+            modules = data_parallel.modules()
             replicas = peek.integer(peek.attr(shard, "num_replicas"), -1)
             if len(modules) != 1 or replicas != where[1]:
                 return  # which module's steps every rank takes is not known: the epoch's end
-            if unsharded.group_of(modules[0]) != list(range(where[1])):
+            if data_parallel.group_of(modules[0]) != list(range(where[1])):
                 return
             epoch = unsharded.Epoch(
                 shard_key(state), record["epoch"], state.label, record["chain"], watch

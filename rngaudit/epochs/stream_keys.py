@@ -23,7 +23,7 @@ from rngaudit.epochs.epoch_exchange import EpochExchange
 from rngaudit.epochs.judging import Judge
 from rngaudit.epochs.registry import Registry, loader_label
 from rngaudit.epochs.surgery import KEYED, arm_modules
-from rngaudit.ranks import exchange
+from rngaudit.ranks import data_parallel, exchange
 
 log = logging.getLogger("rngaudit")
 
@@ -96,7 +96,7 @@ class KeyedStreams:
                     batch_size=current.loader.batch_size,
                     key_name=current.loader.spec.name,
                     partial=True,
-                    data_parallel=unsharded.data_parallel_groups(scan=False),
+                    data_parallel=data_parallel.data_parallel_groups(scan=False),
                 )
                 unsharded.publish(current.epoch, summary)
                 self.epochs.keep(current.epoch)
@@ -164,7 +164,7 @@ class KeyedStreams:
         before the step; a first batch two ranks share is proof of duplication."""
         try:
             arm_modules()
-            if not unsharded.modules():
+            if not data_parallel.modules():
                 return  # no data-parallel module: no training forward every rank makes
             ids = keyed.read(batch, current.loader.spec.key)
             if ids is None:
@@ -266,7 +266,7 @@ class KeyedStreams:
         current.closed = True
         known, epoch = current.loader, current.epoch
         try:
-            groups = unsharded.data_parallel_groups(scan=not known.scanned)
+            groups = data_parallel.data_parallel_groups(scan=not known.scanned)
             known.scanned = True
             summary = dict(
                 current.taken.summary(),

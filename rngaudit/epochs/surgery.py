@@ -23,8 +23,9 @@ from rngaudit import schema
 from rngaudit.capture.instrument import loaders as instrument_loaders
 from rngaudit.capture.patching import PatchSet
 from rngaudit.capture.recorder import RECORDER
-from rngaudit.epochs import rendezvous, sharding, unsharded
+from rngaudit.epochs import rendezvous, sharding
 from rngaudit.epochs.registry import Registry
+from rngaudit.ranks import data_parallel
 from rngaudit.schema import DRAW
 
 log = logging.getLogger("rngaudit")
@@ -69,12 +70,12 @@ class Surgery:
             if self.installed:
                 return
             self.installed = True
-            unsharded.installed(torch_loaded="torch" in sys.modules)
+            data_parallel.installed(torch_loaded="torch" in sys.modules)
             for name in ("torch.utils.data.dataloader", "accelerate.data_loader"):
                 self.patches.when_imported(name, self.on_import)
-            for name, _ in unsharded.DATA_PARALLEL_CLASSES[:2]:
+            for name, _ in data_parallel.DATA_PARALLEL_CLASSES[:2]:
                 self.patches.when_imported(name, self.on_import)
-            for name in unsharded.FULLY_SHARD_MODULES:
+            for name in data_parallel.FULLY_SHARD_MODULES:
                 self.patches.when_imported(name, self.on_import)
 
     def on_import(self, module: Any) -> None:
@@ -88,12 +89,12 @@ class Surgery:
                     self.patches.wrap(cls, "__next__", self._next)
                 if not self.patches.replaced(cls, "_next_index"):
                     self.patches.wrap(cls, "_next_index", self._next_index)
-            elif name in dict(unsharded.DATA_PARALLEL_CLASSES[:2]):  # DDP, FSDP
-                cls = getattr(module, dict(unsharded.DATA_PARALLEL_CLASSES)[name], None)
+            elif name in dict(data_parallel.DATA_PARALLEL_CLASSES[:2]):  # DDP, FSDP
+                cls = getattr(module, dict(data_parallel.DATA_PARALLEL_CLASSES)[name], None)
                 init = cls.__dict__.get("__init__") if isinstance(cls, type) else None
                 if init is not None and not self.patches.replaced(cls, "__init__"):
                     self.patches.wrap(cls, "__init__", _note_module)
-            elif name in unsharded.FULLY_SHARD_MODULES:
+            elif name in data_parallel.FULLY_SHARD_MODULES:
                 shard = getattr(module, "fully_shard", None)
                 if callable(shard) and not self.patches.replaced(module, "fully_shard"):
                     self.patches.wrap(module, "fully_shard", _note_sharded)
@@ -328,7 +329,7 @@ def _note_module(
     """A DistributedDataParallel / FSDP module built: the data-parallel signal."""
     result = wrapped(*args, **kw)
     if instance is not None:
-        unsharded.note_module(instance)
+        data_parallel.note_module(instance)
         rendezvous.noted(instance)
     return result
 
@@ -340,7 +341,7 @@ def _note_sharded(
     result = wrapped(*args, **kw)
     with contextlib.suppress(Exception):
         for module in result if isinstance(result, list | tuple) else [result]:
-            unsharded.note_module(module)
+            data_parallel.note_module(module)
             rendezvous.noted(module)
     return result
 
@@ -349,8 +350,8 @@ def arm_modules() -> None:
     """Every data-parallel module of this process armed for its first training forward (the
     heap searched once per installation for those built before the guard)."""
     with contextlib.suppress(Exception):
-        unsharded.data_parallel_groups(scan=True)
-        for module in unsharded.modules():
+        data_parallel.data_parallel_groups(scan=True)
+        for module in data_parallel.modules():
             rendezvous.noted(module)
 
 

@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 from rngaudit import findings as fk
-from rngaudit.epochs import suspended
+from rngaudit.capture import batch_digest
 from rngaudit.findings import Finding
 from rngaudit.ranks import exchange, layout
 
@@ -40,7 +40,9 @@ def first_fields(shard: Any, batch: Any) -> dict[str, Any]:
         stated = layout.current(world)
         if world < 2 or stated is None or not stated.has_peers():
             return {}
-        return {"peer": {"sampler": layout.sampler_rank(shard), "digest": suspended.digest(batch)}}
+        return {
+            "peer": {"sampler": layout.sampler_rank(shard), "digest": batch_digest.digest(batch)}
+        }
     return {}
 
 

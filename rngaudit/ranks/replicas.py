@@ -32,7 +32,7 @@ from rngaudit import forksafe
 from rngaudit.capture.patching import PatchSet
 from rngaudit.capture.recorder import RECORDER
 from rngaudit.findings import Finding
-from rngaudit.ranks import exchange, group_end, layout
+from rngaudit.ranks import data_parallel, exchange, group_end, layout
 from rngaudit.ranks import store as protocol
 
 log = logging.getLogger("rngaudit")
@@ -202,11 +202,9 @@ def _replicated(optimizer: Any) -> dict[tuple[int, ...], dict[str, tuple[str, An
 
 def _wrapper_groups() -> dict[int, tuple[tuple[int, ...], str]]:
     """id(parameter) -> (its replicate group, the wrapper) for DDP and FSDP1 modules."""
-    from rngaudit.epochs import unsharded
-
-    unsharded.data_parallel_groups(scan=True)  # those built before rngaudit was (once)
+    data_parallel.data_parallel_groups(scan=True)  # those built before rngaudit was (once)
     out: dict[int, tuple[tuple[int, ...], str]] = {}
-    for module in list(unsharded.modules()):
+    for module in list(data_parallel.modules()):
         with contextlib.suppress(Exception):
             name = type(module).__name__
             if name == "DistributedDataParallel":
@@ -425,12 +423,10 @@ def _stream_sources(optimizer: Any) -> dict[tuple[int, ...], dict[str, Any]]:
     module holding the optimizer's parameters with a stochastic module in training mode
     (dropout, p > 0): the generator it draws from (its device's default one), that
     generator's state now, and the modules. Read only (never a draw); empty when none."""
-    from rngaudit.epochs import unsharded
-
     out: dict[tuple[int, ...], dict[str, Any]] = {}
     with contextlib.suppress(Exception):
         held = {id(p) for g in optimizer.param_groups for p in g.get("params", [])}
-        for module in unsharded.modules():
+        for module in data_parallel.modules():
             with contextlib.suppress(Exception):
                 kind = type(module).__name__
                 if kind == "DistributedDataParallel":

@@ -9,9 +9,8 @@ from typing import Any, TypeVar
 from rngaudit import config, library_samplers, verdict
 from rngaudit import findings as fk
 from rngaudit.capture import framework, naming
-from rngaudit.epochs import order_rules, partition
 from rngaudit.findings import Finding
-from rngaudit.ranks import exchange
+from rngaudit.ranks import exchange, overlap
 from rngaudit.schema import DRAW, PRE_ITERATION, SEED, CallSiteDict, Event, RankRecord, SamplerDict
 from rngaudit.wording import format_ranks, format_site, ranks_phrase
 
@@ -54,6 +53,12 @@ CONSUMPTION_REMEDY = (
     "Make every rank draw the same randomness before iteration (no rank-0-only draws "
     "such as a stray torch.rand or an evaluation), or reseed all ranks identically after "
     "the unequal part."
+)
+DATASET_REMEDY = (
+    "Build the dataset identically on every rank: random_split(ds, lengths, "
+    "generator=torch.Generator().manual_seed(SEED)), Subset(ds, torch.randperm(n, "
+    "generator=torch.Generator().manual_seed(SEED))), random.Random(SEED).shuffle(items); or "
+    "split once on rank 0 and share the indices (a file, or broadcast_object_list)."
 )
 STATE_REMEDY = (
     "If ranks should draw the same values (dropout masks, augmentations shared across ranks), "
@@ -370,7 +375,7 @@ def _dataset_overlap(
         per_rank = groups.expand(per_rep)
         if len(per_rank) < world or len({str(s.get("bitmap")) for s in per_rank.values()}) < 2:
             continue
-        seen = partition.overlap(per_rank)
+        seen = overlap.measure(per_rank)
         if seen is None:
             continue
         decided = verdict.decide(verdict.Taken(seen, len(per_rank), "datasets"), verdict.Facts())
@@ -400,7 +405,7 @@ def _dataset_overlap(
                     "held-out samples into training)." + same
                 ),
                 ranks=sorted(per_rank),
-                remedy=order_rules.DATASET_REMEDY,
+                remedy=DATASET_REMEDY,
                 audit=audit,
                 details={
                     "loader": name,
