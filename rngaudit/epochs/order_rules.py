@@ -235,7 +235,7 @@ def planned_overlap(
     order of a fixed share) are no finding; shares that could not be read (a sampler that
     yields lazily) leave a warning (``details["shares"] = "unread"``), and the epoch's end
     measures what the ranks were handed (under DDP/FSDP also the training steps as they come:
-    :meth:`~rngaudit.epochs.order_check.EpochGuard._follow_drawn`)."""
+    :meth:`~rngaudit.epochs.sharded_check.ShardedCheck._follow_drawn`)."""
     seen = overlap.measure(summaries) if complete else None
     out: list[Finding] = []
     for f in found:
