@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from rngaudit import config, launcher, peek
+from rngaudit import config, launcher, library_samplers, peek
 from rngaudit.audit_report import AuditReport
 from rngaudit.capture.callsite import here
 from rngaudit.capture.instrument import torch_ops as instrument_torch
@@ -249,10 +249,11 @@ class WholeRun:
         if not sharding.loader_is_sharded(loader):
             # a shuffled loader over a split or shard of its own (``Subset(ds, order[rank::
             # world])``): the partition is in its dataset, compared when the window closes
-            return sharding.is_shuffling(sharding.loader_chain(loader)) and partition.holds_split(
+            nodes = library_samplers.loader_chain(loader)
+            return sharding.is_shuffling(nodes) and partition.holds_split(
                 peek.attr(loader, "dataset")
             )
-        if sharding.is_shuffling(sharding.loader_chain(loader)):
+        if sharding.is_shuffling(library_samplers.loader_chain(loader)):
             return True
         if id(loader) in self._sequential:
             return True

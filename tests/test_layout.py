@@ -318,6 +318,7 @@ def private_uses(source: str, tree: ast.AST) -> set[tuple[str, str, str]]:
 
 PRIVATE_USES = {use for m, p in MODULES.items() for use in private_uses(m, _tree(p))}
 
+
 def test_no_module_uses_another_modules_private_name() -> None:
     found = sorted(PRIVATE_USES)
     assert not found, f"another module's _name used (make it public where owned): {found}"

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch.utils.data as D
 
-from rngaudit import peek
+from rngaudit import library_samplers, peek
 from rngaudit.epochs import sharding
 
 
@@ -60,16 +60,16 @@ def test_sizes_ints_and_flags() -> None:
 def test_the_chain_takes_no_truth_value_of_an_unsized_batch_sampler() -> None:
     batch = D.BatchSampler(Infinite(), 4, drop_last=False)  # bool(batch) would call len()
     loader: D.DataLoader[Any] = D.DataLoader(list(range(8)), batch_sampler=batch)  # type: ignore[arg-type]
-    assert [type(n).__name__ for n in sharding.loader_chain(loader)] == [
+    assert [type(n).__name__ for n in library_samplers.loader_chain(loader)] == [
         "BatchSampler",
         "Infinite",
     ]
-    assert sharding.shard_of(sharding.loader_chain(loader)) is None
-    assert not sharding.is_shuffling(sharding.loader_chain(loader))
+    assert sharding.shard_of(library_samplers.loader_chain(loader)) is None
+    assert not sharding.is_shuffling(library_samplers.loader_chain(loader))
 
 
 def test_a_hostile_dataset_and_sampler_are_described_not_read() -> None:
-    assert sharding.chain(Hostile())[0].__class__ is Hostile
+    assert library_samplers.chain(Hostile())[0].__class__ is Hostile
     assert sharding.describe_dataset(Hostile()) == "Hostile(len=?)"
     assert sharding.describe_content(Hostile()) == ""
     state = sharding.distributed_sampler_state(Hostile())

@@ -20,6 +20,7 @@ from torch.utils.data import (
     TensorDataset,
 )
 
+from rngaudit import library_samplers
 from rngaudit.epochs import sharding
 
 DATA = TensorDataset(torch.arange(12))
@@ -31,17 +32,17 @@ def _distributed(rank: int = 0, shuffle: bool = True, seed: int = 0) -> Distribu
 
 def test_the_chain_of_a_loader_is_its_samplers_outermost_first() -> None:
     loader = DataLoader(DATA, sampler=_distributed(), batch_size=3)
-    nodes = sharding.loader_chain(loader)
-    assert sharding.chain_name(nodes) == "BatchSampler > DistributedSampler"
+    nodes = library_samplers.loader_chain(loader)
+    assert library_samplers.chain_name(nodes) == "BatchSampler > DistributedSampler"
     assert sharding.shard_of(nodes) is nodes[1]
     assert sharding.loader_is_sharded(loader)
 
 
 def test_a_single_replica_or_a_plain_sampler_shards_nothing() -> None:
     one: DistributedSampler[Any] = DistributedSampler(DATA, num_replicas=1, rank=0)
-    assert sharding.shard_of(sharding.chain(BatchSampler(one, 3, False))) is None
+    assert sharding.shard_of(library_samplers.chain(BatchSampler(one, 3, False))) is None
     plain = DataLoader(DATA, batch_size=3, shuffle=True)
-    assert sharding.shard_of(sharding.loader_chain(plain)) is None
+    assert sharding.shard_of(library_samplers.loader_chain(plain)) is None
     assert not sharding.loader_is_sharded(plain)
 
 
@@ -52,7 +53,7 @@ def test_the_chain_stops_at_a_cycle_and_never_takes_a_truth_value() -> None:
 
     node: Any = Unsized()
     node.sampler = node  # a sampler holding itself
-    assert sharding.chain(node) == [node]
+    assert library_samplers.chain(node) == [node]
 
 
 def test_shuffling_is_read_from_the_sampler_classes_and_the_shuffle_flag() -> None:

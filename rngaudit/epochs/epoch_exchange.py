@@ -15,10 +15,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from rngaudit import peek
+from rngaudit import library_samplers, peek
 from rngaudit.capture.patching import PatchSet
 from rngaudit.capture.recorder import RECORDER
-from rngaudit.epochs import handed, partition, rendezvous, sharding, uncompared, unsharded
+from rngaudit.epochs import handed, partition, rendezvous, uncompared, unsharded
 from rngaudit.epochs.judging import Judge
 from rngaudit.epochs.registry import ObservedEpoch, Registry
 from rngaudit.ranks import data_parallel, exchange, group_end
@@ -105,7 +105,7 @@ class EpochExchange:
         as at an epoch's end (:func:`~rngaudit.epochs.unsharded.finish`); raises as the verdict
         says."""
         try:
-            nodes = sharding.chain(peek.attr(iterator, "_index_sampler"))
+            nodes = library_samplers.chain(peek.attr(iterator, "_index_sampler"))
             known = self.registry.observed.get(nodes[0]) if nodes else None
             if known is None:
                 return

@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from rngaudit import peek
+from rngaudit import library_samplers, peek
 from rngaudit.capture.instrument import loaders as instrument_loaders
 from rngaudit.capture.recorder import RECORDER
 from rngaudit.epochs import handed, partition, rendezvous, sharding, suspended, unsharded
@@ -137,7 +137,7 @@ class IndexBatches:
         """The sampler chain of a watched DistributedSampler (whose ``__iter__`` may be a
         subclass's own), to record its draws while the epoch's first index batch is drawn."""
         try:
-            nodes = sharding.chain(peek.attr(iterator, "_index_sampler"))
+            nodes = library_samplers.chain(peek.attr(iterator, "_index_sampler"))
             shard = sharding.shard_of(nodes)
             if not sharding.is_distributed_sampler(shard):
                 return []
@@ -182,7 +182,7 @@ class IndexBatches:
         try:
             if peek.integer(peek.attr(iterator, "_dataset_kind"), 1) != 0:  # not map-style
                 return None
-            nodes = sharding.chain(peek.attr(iterator, "_index_sampler"))
+            nodes = library_samplers.chain(peek.attr(iterator, "_index_sampler"))
             shard = sharding.shard_of(nodes)
             if shard is None:
                 return self._open_observed(iterator, nodes)
@@ -194,7 +194,7 @@ class IndexBatches:
             mapping = partition.root_mapping(peek.attr(iterator, "_dataset"))
             if mapping is None:
                 return None
-            context = ShardedEpoch(watch, shard, sharding.chain_name(nodes), state.checks)
+            context = ShardedEpoch(watch, shard, library_samplers.chain_name(nodes), state.checks)
             tape = partition.Tape(mapping[0], mapping[1], context)
             if sharding.has_own_iter(shard):  # its epoch may be compared as it is drawn
                 tape.left = handed.left_of(iterator)
@@ -221,7 +221,7 @@ class IndexBatches:
         if known is None:
             root = partition.root_of(dataset)
             identity = partition.root_identity(root)
-            chain = sharding.chain_name(nodes)
+            chain = library_samplers.chain_name(nodes)
             batch = peek.attr(index, "batch_size")
             with self.registry.lock:
                 base = f"{identity}|{chain}|{batch}"
@@ -242,7 +242,7 @@ class IndexBatches:
         if mapping is None:
             return None
         epoch = unsharded.Epoch(
-            known.key, known.epochs, known.label, sharding.chain_name(nodes), watch
+            known.key, known.epochs, known.label, library_samplers.chain_name(nodes), watch
         )
         known.epochs += 1
         self.epochs.observing(known.key)  # this rank closes it when the group goes

@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from rngaudit import peek
+from rngaudit import library_samplers, peek
 from rngaudit.capture.patching import PatchSet
 from rngaudit.capture.recorder import RECORDER
 from rngaudit.epochs import rendezvous, sharding
@@ -92,7 +92,7 @@ class EpochGuard:
                 registry.open.remove(watch)
             kept = []
             for loader in loaders:
-                shard = sharding.shard_of(sharding.loader_chain(loader))
+                shard = sharding.shard_of(library_samplers.loader_chain(loader))
                 if shard is None:
                     shard = sharding.stream_shard(peek.attr(loader, "dataset"))
                 if shard is not None:

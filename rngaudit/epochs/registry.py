@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rngaudit import forksafe, peek, schema
+from rngaudit import forksafe, library_samplers, peek, schema
 from rngaudit.audit_report import AuditReport
 from rngaudit.capture import naming
 from rngaudit.capture.recorder import RECORDER
@@ -166,5 +166,5 @@ def loader_label(part: Any) -> str | None:
 
 
 def _holds(loader: Any, part: Any) -> bool:
-    chain = sharding.loader_chain(loader)
+    chain = library_samplers.loader_chain(loader)
     return any(s is part for s in chain) or peek.attr(loader, "dataset") is part

@@ -15,7 +15,7 @@ import types
 import weakref
 from typing import Any, cast
 
-from rngaudit import peek, schema
+from rngaudit import library_samplers, peek, schema
 from rngaudit.epochs import order_rules, partition, rendezvous, sharding, suspended, unsharded
 from rngaudit.epochs.judging import Judge, ranks_of
 from rngaudit.epochs.registry import LoaderState, Registry, ShardedEpoch, Watch
@@ -37,7 +37,7 @@ class ShardedCheck:
     def first_batch(self, iterator: Any, batch: Any = None) -> None:
         """An epoch's first batch of a sharded loader: the ranks compare what they shard."""
         try:
-            nodes = sharding.chain(peek.attr(iterator, "_index_sampler"))
+            nodes = library_samplers.chain(peek.attr(iterator, "_index_sampler"))
             shard = sharding.shard_of(nodes)
             if shard is None:  # an iterable dataset that splits one stream between ranks
                 shard = sharding.stream_shard(peek.attr(iterator, "_dataset"))
@@ -118,7 +118,7 @@ class ShardedCheck:
         record: schema.EpochRecord = {
             "loader": state.label,
             "epoch": state.checks,
-            "chain": sharding.chain_name(nodes),
+            "chain": library_samplers.chain_name(nodes),
             "shuffling": sharding.is_shuffling(nodes),
             "dataset": (
                 sharding.describe_stream(shard)

@@ -67,14 +67,6 @@ def allowance(shard: Any) -> verdict.Sharding:
     return verdict.Sharding(rounds=world * batch, covers=covers or 0)
 
 
-def chain(root: Any) -> list[Any]:
-    """``root`` and the samplers inside it (``batch_sampler`` / ``sampler``), outermost first.
-
-    No truth value is taken (a ``BatchSampler``'s is its ``len()``, which an unsized sampler
-    raises) and nothing is iterated."""
-    return library_samplers.chain(root)
-
-
 def shard_of(nodes: list[Any]) -> Any:
     """The sampler that splits the order between ranks, or None."""
     for node in nodes:
@@ -82,10 +74,6 @@ def shard_of(nodes: list[Any]) -> Any:
         if known is not None and peek.integer(peek.attr(node, known.world or ""), 1) > 1:
             return node
     return None
-
-
-def chain_name(nodes: list[Any]) -> str:
-    return library_samplers.chain_name(nodes)
 
 
 def is_shuffling(nodes: list[Any]) -> bool:
@@ -96,11 +84,6 @@ def is_shuffling(nodes: list[Any]) -> bool:
         if library_samplers.shuffles(_class_name(node)):
             return True
     return False
-
-
-def loader_chain(loader: Any) -> list[Any]:
-    """A DataLoader's batch sampler (or sampler) and the samplers inside it, outermost first."""
-    return library_samplers.loader_chain(loader)
 
 
 def stream_shard(dataset: Any) -> Any:
@@ -219,7 +202,7 @@ def stream_shares(dataset: Any) -> list[str] | None:
 
 def loader_is_sharded(loader: Any) -> bool:
     """A DataLoader whose order is split between ranks (or whose dataset is a shard)."""
-    if shard_of(loader_chain(loader)) is not None:
+    if shard_of(library_samplers.loader_chain(loader)) is not None:
         return True
     dataset = peek.attr(loader, "dataset")
     return _is_iterable_shard(dataset) or stream_shard(dataset) is not None

@@ -19,7 +19,7 @@ from typing import Any
 
 import wrapt
 
-from rngaudit import schema
+from rngaudit import library_samplers, schema
 from rngaudit.capture.instrument import loaders as instrument_loaders
 from rngaudit.capture.patching import PatchSet
 from rngaudit.capture.recorder import RECORDER
@@ -275,7 +275,7 @@ def _teed(shard: Any, gen: Iterator[Any], tape: sharding.OrderTape) -> Iterator[
     shard.__dict__["batch_sampler"] = _Tee(inner, tape)
     try:
         window = RECORDER.begin()  # nested in the enclosing audit's, if any
-        instrument_loaders.mark_samplers(RECORDER, sharding.chain(inner))
+        instrument_loaders.mark_samplers(RECORDER, library_samplers.chain(inner))
         try:
             first = next(gen)  # the inner order is drawn and its first batches pulled here
         finally:
