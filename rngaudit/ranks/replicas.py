@@ -206,26 +206,32 @@ def _wrapper_groups() -> dict[int, tuple[tuple[int, ...], str]]:
     out: dict[int, tuple[tuple[int, ...], str]] = {}
     for module in list(data_parallel.modules()):
         with contextlib.suppress(Exception):
-            name = type(module).__name__
-            if name == "DistributedDataParallel":
-                ranks = _ranks_of(getattr(module, "process_group", None))
-                said = "DistributedDataParallel"
-            elif name == "FullyShardedDataParallel":
-                strategy = getattr(getattr(module, "sharding_strategy", None), "name", "")
-                if strategy == "NO_SHARD":
-                    ranks = _ranks_of(getattr(module, "process_group", None))
-                elif "HYBRID" in strategy:
-                    ranks = _ranks_of(getattr(module, "_inter_node_pg", None))
-                else:
-                    continue
-                said = f"FullyShardedDataParallel({strategy})"
-            else:
-                continue
-            if ranks is None:
-                continue
-            for p in module.parameters():
-                out[id(p)] = (ranks, said)
+            replicated = _replicate_group(module)
+            if replicated is not None:
+                for p in module.parameters():
+                    out[id(p)] = replicated
     return out
+
+
+def _replicate_group(module: Any) -> tuple[tuple[int, ...], str] | None:
+    """The group a DDP or FSDP1 module keeps its parameters replicated over, and the wrapper
+    that says so (``FullyShardedDataParallel(<strategy>)``); None when it replicates none."""
+    name = type(module).__name__
+    if name == "DistributedDataParallel":
+        ranks = _ranks_of(getattr(module, "process_group", None))
+        said = "DistributedDataParallel"
+    elif name == "FullyShardedDataParallel":
+        strategy = getattr(getattr(module, "sharding_strategy", None), "name", "")
+        if strategy == "NO_SHARD":
+            ranks = _ranks_of(getattr(module, "process_group", None))
+        elif "HYBRID" in strategy:
+            ranks = _ranks_of(getattr(module, "_inter_node_pg", None))
+        else:
+            return None
+        said = f"FullyShardedDataParallel({strategy})"
+    else:
+        return None
+    return None if ranks is None else (ranks, said)
 
 
 def _groups_of(
@@ -428,18 +434,12 @@ def _stream_sources(optimizer: Any) -> dict[tuple[int, ...], dict[str, Any]]:
         held = {id(p) for g in optimizer.param_groups for p in g.get("params", [])}
         for module in data_parallel.modules():
             with contextlib.suppress(Exception):
-                kind = type(module).__name__
-                if kind == "DistributedDataParallel":
-                    ranks = _ranks_of(getattr(module, "process_group", None))
-                elif kind == "FullyShardedDataParallel":
-                    strategy = getattr(getattr(module, "sharding_strategy", None), "name", "")
-                    if strategy != "NO_SHARD":
-                        continue  # sharded: no replicated parameters, no exchange to carry it
-                    ranks = _ranks_of(getattr(module, "process_group", None))
-                else:
-                    continue
+                replicated = _replicate_group(module)
+                if replicated is None or "HYBRID" in replicated[1]:
+                    continue  # sharded within the replica: its step's stream is not compared
+                ranks, kind = replicated[0], type(module).__name__
                 params = list(module.parameters())
-                if ranks is None or not any(id(p) in held for p in params):
+                if not any(id(p) in held for p in params):
                     continue
                 draws = _stochastic(module)
                 generator = _generator_of(params[0]) if draws else None
