@@ -10,7 +10,6 @@ import logging
 import math
 import os
 import re
-import socket
 import stat as stat_module
 import threading
 import time
@@ -18,6 +17,8 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
+
+from rngaudit import launcher
 
 log = logging.getLogger("rngaudit")
 
@@ -29,7 +30,7 @@ _HEAD = 4096  # run_id is written near the start of every file (after schema_ver
 
 
 STALE_AFTER = 3600.0  # seconds: a temp file this old is stale whoever wrote it
-_HOST = socket.gethostname().replace(".", "_")
+_HOST = launcher.node().replace(".", "_")
 
 
 def encode(data: Mapping[str, Any]) -> str:
