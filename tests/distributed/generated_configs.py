@@ -6,7 +6,6 @@ import argparse
 import datetime
 import faulthandler
 import gc
-import importlib
 import json
 import os
 import random
@@ -15,10 +14,11 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, nullcontext, suppress
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
+import frozen_libraries  # a sibling: the script's folder is sys.path[0]
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -346,21 +346,6 @@ def _drain(how: str, report_dir: Path) -> str | None:
     return None
 
 
-def _freeze_imports() -> None:
-    """Import now what the configs import lazily (the first DDP constructor: torch._dynamo,
-    ~120k objects; accelerate, and HF datasets through its prepare_data_loader) and leave it
-    all, with torch, out of every later collection: each config's ``gc.collect()`` then scans
-    what the configs made, milliseconds, not ~0.15 s of CPU (measured: the collects were about
-    half of a launch's CPU time). Modules only: no object a config builds, so nothing rngaudit
-    looks for on the heap (data-parallel modules, meshes) is hidden from ``gc.get_objects()``."""
-    import torch._dynamo  # noqa: F401
-
-    for name in ("accelerate", "accelerate.data_loader", "datasets"):
-        with suppress(ImportError):
-            importlib.import_module(name)
-    gc.freeze()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("outdir", type=Path)
@@ -375,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     configs = [from_json(line) for line in args.configs.read_text().splitlines() if line]
     results: dict[str, Any] = {}
     status = 0
-    _freeze_imports()
+    frozen_libraries.freeze(("accelerate", "accelerate.data_loader", "datasets"))
     for cfg in configs:
         assert cfg.world == world, cfg
         began = time.monotonic()

@@ -14,7 +14,6 @@ import datetime
 import faulthandler
 import gc
 import hashlib
-import importlib
 import json
 import os
 import sys
@@ -22,11 +21,11 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable
-from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import frozen_libraries  # a sibling: the script's folder is sys.path[0]
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
@@ -866,21 +865,6 @@ def _run_one(name: str, ctx: Ctx) -> dict[str, Any]:
     return out
 
 
-def _freeze_imports() -> None:
-    """Import now what the scenarios import lazily (the first DDP or FSDP constructor's
-    torch._dynamo, ~120k objects; accelerate; Lightning) and leave it all, with torch, out of
-    every later collection: each scenario's ``gc.collect()`` then scans what the scenarios
-    made, not the libraries (as tests/distributed/generated_configs.py does). Modules only: no
-    object a scenario builds, so nothing rngaudit looks for on the heap (data-parallel modules,
-    meshes) is hidden from ``gc.get_objects()``."""
-    import torch._dynamo  # noqa: F401
-
-    for name in ("accelerate", "pytorch_lightning"):
-        with suppress(ImportError):
-            importlib.import_module(name)
-    gc.freeze()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("outdir", type=Path)
@@ -892,7 +876,7 @@ def main(argv: list[str] | None = None) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     args.outdir.mkdir(parents=True, exist_ok=True)
     names = [n for n in args.only.split(",") if n] or list(SCENARIOS)
-    _freeze_imports()
+    frozen_libraries.freeze(("accelerate", "pytorch_lightning"))
     results: dict[str, Any] = {}
     status = 0
     started = time.perf_counter()
