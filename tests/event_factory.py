@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from rngaudit.schema import DRAW, PRE_ITERATION, CallSiteDict, Event, SamplerDict
+from rngaudit.schema import DRAW, PRE_ITERATION, CallSiteDict, EpochRecord, Event, SamplerDict
 
 
 def site(file: str, line: int, function: str = "main") -> CallSiteDict:
@@ -43,3 +43,32 @@ def make_event(
     assert not unknown, f"not fields of an event: {sorted(unknown)}"
     event.update(fields)
     return cast(Event, event)
+
+
+def epoch_record(rank: int, seed: int, dataset: Any, epoch: int = 0) -> EpochRecord:
+    """Rank ``rank``'s record of one epoch of ``dataset``: the order a seeded RandomSampler
+    really draws, in batches of 4, as the order check records it."""
+    import torch
+    from torch.utils.data import BatchSampler, RandomSampler
+
+    from rngaudit.epochs import sharding
+
+    batches = BatchSampler(
+        RandomSampler(dataset, generator=torch.Generator().manual_seed(seed)), 4, False
+    )
+    tape = sharding.OrderTape()
+    for batch in batches:
+        tape.add(list(batch))
+    return {
+        "loader": "DataLoader#1",
+        "epoch": epoch,
+        "chain": "BatchSampler > RandomSampler",
+        "shuffling": True,
+        "dataset": sharding.describe_dataset(dataset),
+        "content": "",
+        "sampler_state": None,
+        "position": 0,
+        "order": tape.batches,
+        "draws": [],
+        "rank": rank,
+    }

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler, Subset, TensorDataset
+from event_factory import epoch_record
+from torch.utils.data import DistributedSampler, RandomSampler, Subset, TensorDataset
 
 from rngaudit import verdict as harm
 from rngaudit.epochs import order_rules, sharding
@@ -24,43 +25,18 @@ from rngaudit.schema import EpochRecord, SamplerDraw
 DATA = TensorDataset(torch.arange(40))
 
 
-def _record(rank: int, seed: int, dataset: Any = DATA, epoch: int = 0) -> EpochRecord:
-    """Rank ``rank``'s record of one epoch: the order a seeded RandomSampler really draws."""
-    batches = BatchSampler(
-        RandomSampler(dataset, generator=torch.Generator().manual_seed(seed)), 4, False
-    )
-    tape = sharding.OrderTape()
-    order = [list(batch) for batch in batches]
-    for batch in order:
-        tape.add(batch)
-    record: EpochRecord = {
-        "loader": "DataLoader#1",
-        "epoch": epoch,
-        "chain": "BatchSampler > RandomSampler",
-        "shuffling": True,
-        "dataset": sharding.describe_dataset(dataset),
-        "content": "",
-        "sampler_state": None,
-        "position": 0,
-        "order": tape.batches,
-        "draws": [],
-        "rank": rank,
-    }
-    return record
-
-
 def _orders_equal(a: EpochRecord, b: EpochRecord) -> bool:
     return a["order"] == b["order"]
 
 
 def test_ranks_drawing_one_order_of_one_dataset_agree() -> None:
-    records = [_record(0, seed=5), _record(1, seed=5)]
+    records = [epoch_record(0, 5, DATA), epoch_record(1, 5, DATA)]
     assert _orders_equal(*records)  # the truth, measured: one order
     assert order_rules.compare(records, missing=[]) == []
 
 
 def test_ranks_drawing_different_orders_are_an_error_naming_both() -> None:
-    records = [_record(0, seed=5), _record(1, seed=6)]
+    records = [epoch_record(0, 5, DATA), epoch_record(1, 6, DATA)]
     assert not _orders_equal(*records)  # the truth: the ranks shard two different orders
     (finding,) = order_rules.compare(records, missing=[])
     assert (finding.kind, finding.severity, finding.ranks) == (
@@ -72,25 +48,27 @@ def test_ranks_drawing_different_orders_are_an_error_naming_both() -> None:
 
 def test_ranks_holding_different_splits_are_a_dataset_divergence() -> None:
     records = [
-        _record(0, 5, Subset(DATA, range(0, 20))),
-        _record(1, 5, Subset(DATA, range(20, 40))),
+        epoch_record(0, 5, Subset(DATA, range(0, 20))),
+        epoch_record(1, 5, Subset(DATA, range(20, 40))),
     ]
     kinds = [f.kind for f in order_rules.compare(records, missing=[])]
     assert kinds[0] == DATASET_DIVERGENCE
 
 
 def test_a_missing_rank_is_a_warning_naming_who_arrived() -> None:
-    (finding,) = order_rules.compare([_record(0, 5)], missing=[1], timeout=2.0)
+    (finding,) = order_rules.compare([epoch_record(0, 5, DATA)], missing=[1], timeout=2.0)
     assert (finding.kind, finding.severity, finding.ranks) == (RANK_MISSING, "warning", [1])
     assert "within 2 s (arrived: 0)" in finding.message
     assert order_rules.compare([], missing=[1]) == []
 
 
 def test_an_epoch_repeating_the_last_order_is_named() -> None:
-    first, again = _record(0, 5, epoch=0), _record(0, 5, epoch=1)
+    first, again = epoch_record(0, 5, DATA, epoch=0), epoch_record(0, 5, DATA, epoch=1)
     repeated = order_rules.repeated(again, first)
     assert repeated is not None and repeated.kind == EPOCH_ORDER_REPEATED
-    assert order_rules.repeated(_record(0, 6, epoch=1), first) is None  # advanced: a new order
+    assert (
+        order_rules.repeated(epoch_record(0, 6, DATA, epoch=1), first) is None
+    )  # advanced: a new order
     assert order_rules.repeated(first, None) is None
     unshuffled = {**again, "shuffling": False}
     assert order_rules.repeated(unshuffled, first) is None  # type: ignore[arg-type]
@@ -100,7 +78,7 @@ def test_a_distributed_sampler_state_difference_is_named_without_any_order() -> 
     def with_state(rank: int, seed: int) -> EpochRecord:
         sampler: DistributedSampler[Any] = DistributedSampler(DATA, 2, rank, seed=seed)
         return {
-            **_record(rank, 5),
+            **epoch_record(rank, 5, DATA),
             "order": [],
             "sampler_state": sharding.distributed_sampler_state(sampler),
         }
@@ -200,7 +178,7 @@ def _hf_stream_records(
     for rank, seed in enumerate(seeds):
         stream = rows.to_iterable_dataset(num_shards=shards).shuffle(seed=seed, buffer_size=4)
         part = split_dataset_by_node(stream, rank=rank, world_size=world)
-        record = _record(rank, 5)
+        record = epoch_record(rank, 5, DATA)
         record["dataset"] = sharding.describe_stream(part)
         shares = sharding.stream_shares(part)
         if shares is not None:
@@ -269,8 +247,8 @@ def test_a_split_draw_is_named_only_where_the_ranks_drew_it_differently() -> Non
     cause and is not named, nor is any split behind a stream."""
     for seeds, named in (((1, 2), True), ((3, 3), False)):
         records = [
-            _record(0, 5, Subset(DATA, range(0, 20))),
-            _record(1, 5, Subset(DATA, range(20, 40))),
+            epoch_record(0, 5, Subset(DATA, range(0, 20))),
+            epoch_record(1, 5, Subset(DATA, range(20, 40))),
         ]
         for record, seed in zip(records, seeds, strict=True):
             record["dataset_draws"] = [_split(seed)]

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import torch
+from event_factory import epoch_record, make_event, site
 
 from rngaudit import verdict as harm
 from rngaudit.epochs import keyed, order_rules, partition, sharding
@@ -110,7 +111,7 @@ def _rows(found: list[Finding]) -> list[str]:
 def _draws_only(world: int) -> list[Finding]:
     """The order finding a DistributedSampler subclass's draws alone give (its seed and epoch
     agree): the finding planned_overlap decides."""
-    records = [_epoch_record(r, 5) for r in range(world)]
+    records = [epoch_record(r, 5, DATA) for r in range(world)]
     for r, record in enumerate(records):
         record["order"] = []
         record["sampler_state"] = {"seed": 0, "epoch": 0, "shuffle": True}
@@ -228,34 +229,10 @@ def _keyed_table(world: int) -> dict[str, Any]:
 DATA = torch.utils.data.TensorDataset(torch.arange(40))
 
 
-def _epoch_record(rank: int, seed: int, dataset: Any = DATA, epoch: int = 0) -> EpochRecord:
-    batches = torch.utils.data.BatchSampler(
-        torch.utils.data.RandomSampler(dataset, generator=torch.Generator().manual_seed(seed)),
-        BATCH,
-        False,
-    )
-    tape = sharding.OrderTape()
-    for batch in batches:
-        tape.add(list(batch))
-    return {
-        "loader": "DataLoader#1",
-        "epoch": epoch,
-        "chain": "BatchSampler > RandomSampler",
-        "shuffling": True,
-        "dataset": sharding.describe_dataset(dataset),
-        "content": "",
-        "sampler_state": None,
-        "position": 0,
-        "order": tape.batches,
-        "draws": [],
-        "rank": rank,
-    }
-
-
 def _ds_record(rank: int, world: int, **state: Any) -> EpochRecord:
     sampler: Any = torch.utils.data.DistributedSampler(DATA, world, rank, **state)
     return {
-        **_epoch_record(rank, 5),
+        **epoch_record(rank, 5, DATA),
         "chain": "DistributedSampler",
         "order": [],
         "sampler_state": sharding.distributed_sampler_state(sampler),
@@ -266,43 +243,42 @@ def _compare_table(world: int) -> dict[str, Any]:
     ranks = range(world)
     last = world - 1
     cases: dict[str, list[EpochRecord]] = {
-        "same-order": [_epoch_record(r, 5) for r in ranks],
-        "orders-differ": [_epoch_record(r, 5 + r) for r in ranks],
-        "last-order-differs": [_epoch_record(r, 5 + (r == last)) for r in ranks],
+        "same-order": [epoch_record(r, 5, DATA) for r in ranks],
+        "orders-differ": [epoch_record(r, 5 + r, DATA) for r in ranks],
+        "last-order-differs": [epoch_record(r, 5 + (r == last), DATA) for r in ranks],
         "datasets-differ": [
-            _epoch_record(r, 5, torch.utils.data.Subset(DATA, _perm(r, 40)[:20])) for r in ranks
+            epoch_record(r, 5, torch.utils.data.Subset(DATA, _perm(r, 40)[:20])) for r in ranks
         ],
         "ds-seed-differs": [_ds_record(r, world, seed=r) for r in ranks],
         "ds-seed-differs-no-shuffle": [_ds_record(r, world, seed=r, shuffle=False) for r in ranks],
         "ds-same": [_ds_record(r, world, seed=3) for r in ranks],
         "ds-drop-last-differs": [_ds_record(r, world, drop_last=r == last) for r in ranks],
-        "position-differs": [{**_epoch_record(r, 5), "position": r} for r in ranks],
-        "content-differs": [{**_epoch_record(r, 5), "content": f"c{r}"} for r in ranks],
+        "position-differs": [{**epoch_record(r, 5, DATA), "position": r} for r in ranks],
+        "content-differs": [{**epoch_record(r, 5, DATA), "content": f"c{r}"} for r in ranks],
         "shares-disjoint": [
-            {**_epoch_record(r, 5), "dataset": "stream:s", "shares": [f"s{r}"]} for r in ranks
+            {**epoch_record(r, 5, DATA), "dataset": "stream:s", "shares": [f"s{r}"]} for r in ranks
         ],
         "shares-overlap": [
-            {**_epoch_record(r, 5), "dataset": "stream:s", "shares": ["s0", f"s{r + 1}"]}
+            {**epoch_record(r, 5, DATA), "dataset": "stream:s", "shares": ["s0", f"s{r + 1}"]}
             for r in ranks
         ],
-        "stream-differs": [{**_epoch_record(r, 5), "dataset": f"stream:{r}"} for r in ranks],
+        "stream-differs": [{**epoch_record(r, 5, DATA), "dataset": f"stream:{r}"} for r in ranks],
     }
     out: dict[str, Any] = {}
     for name, records in cases.items():
         out[f"w{world}/compare/{name}"] = _rows(order_rules.compare(records, missing=[]))
     out[f"w{world}/compare/missing"] = _rows(
-        order_rules.compare([_epoch_record(0, 5)], missing=list(range(1, world)))
+        order_rules.compare([epoch_record(0, 5, DATA)], missing=list(range(1, world)))
     )
     out[f"w{world}/compare/draws-only"] = _rows(_draws_only(world))
-    one, other = _epoch_record(0, 5), _epoch_record(0, 5, epoch=1)
+    one, other = epoch_record(0, 5, DATA), epoch_record(0, 5, DATA, epoch=1)
     out[f"w{world}/repeated/same-order"] = _row(order_rules.repeated(other, one))
-    out[f"w{world}/repeated/new-order"] = _row(order_rules.repeated(_epoch_record(0, 6), one))
+    out[f"w{world}/repeated/new-order"] = _row(order_rules.repeated(epoch_record(0, 6, DATA), one))
     out[f"w{world}/repeated/first-epoch"] = _row(order_rules.repeated(one, None))
     return out
 
 
 def _event(seq: int, generator: str, fp: str, sampler: bool, phase: str = "pre-iteration") -> Event:
-    from event_factory import make_event, site
 
     drew: SamplerDict = {
         "chain": "BatchSamplerShard > BatchSampler > RandomSampler",
