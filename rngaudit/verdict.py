@@ -16,13 +16,23 @@ class Sharding:
     # even_batches: world x batch size); 0 when the sharder does not pad by rounds
     covers: int = 0  # the samples the sharded order holds (its sampler's length: a Subset's,
     # not its root's); 0 when unknown: the root's size stands in
+    pads: int = -1  # the samples a DistributedSampler pads its epoch with (its total_size
+    # - len(dataset)); -1 when unknown: up to world - 1
+    complete: bool = False  # a correct sharding takes every one of ``covers`` in a whole epoch
+    # (the ranks' own datasets, cut from one of that size): padding then leaves none out
 
 
 UNKNOWN = Sharding()
 
 # The allowance table: a correct program may hand a sample to two ranks only as one of these.
 ALLOWANCES: tuple[tuple[str, str], ...] = (
-    ("DistributedSampler padding", "up to world - 1 samples taken by more than one rank"),
+    (
+        "DistributedSampler padding",
+        "up to world - 1 samples taken by more than one rank (a DistributedSampler: at most "
+        "the samples it pads with, total_size - len(dataset)); where the ranks read datasets of "
+        "their own cut from one (a per-rank Subset), only with none of its samples left out "
+        "(padding completes a round: it never drops one)",
+    ),
     (
         "accelerate even_batches",
         "a BatchSamplerShard that completes its last round from the epoch's first batches: up "
@@ -77,7 +87,9 @@ class Facts:
     of padding (world x batch; 0 for the first batches). ``sharded``: a sampler the program
     put there to partition the data (a DistributedSampler or its subclass, a BatchSamplerShard)
     shards it; ``partitioned_before``: an earlier epoch of the loader partitioned the data
-    exactly; ``data_parallel``: every rank trains it under a DDP / FSDP module (gradients on).
+    exactly; ``data_parallel``: every rank trains it under a DDP / FSDP module (gradients on);
+    ``own_data``: every rank reads a dataset of its own (an index mapping no other rank's
+    loader reads, a per-rank Subset) cut from one root: the program split the data itself.
     ``identity_shown``: False where the ranks' first batches hold different content for the
     same indices (the indices may name different samples on each rank). The causes (a seed,
     a generator state, ``set_epoch``, a draw before the sync) are no fact here: they explain
@@ -88,6 +100,7 @@ class Facts:
     sharded: bool = False
     partitioned_before: bool = False
     data_parallel: bool = False
+    own_data: bool = False
     identity_shown: bool = True  # False: the same indices hold different content on the ranks
 
 
@@ -106,7 +119,8 @@ def allowed_as(seen: Mapping[str, Any], world: int, sharding: Sharding = UNKNOWN
     shared = int(seen.get("shared_proven", seen["shared"]))
     if shared == 0:
         return "nothing shared"
-    if shared <= world - 1:
+    padding = world - 1 if sharding.pads < 0 else min(sharding.pads, world - 1)
+    if shared <= padding and not _left_out(seen, sharding):
         return "DistributedSampler padding"
     if max(seen["repeats"].values()) > world - 1:
         return "independent draws with replacement"
@@ -118,6 +132,16 @@ def allowed_as(seen: Mapping[str, Any], world: int, sharding: Sharding = UNKNOWN
     ):
         return "accelerate even_batches"
     return None
+
+
+def _left_out(seen: Mapping[str, Any], sharding: Sharding) -> bool:
+    """Whether a sharding that is complete by design (:attr:`Sharding.complete`) left samples
+    out of the whole epoch (known exactly): its overlap is then no padding."""
+    return (
+        sharding.complete
+        and not seen.get("estimated")
+        and int(seen["union"]) < (sharding.covers or int(seen["root_size"]))
+    )
 
 
 def _allowed(taken: Taken, facts: Facts) -> str | None:
@@ -156,6 +180,8 @@ def _evidence(taken: Taken, facts: Facts) -> str | None:
         return "what the ranks took before leaving the epoch overlaps"
     if taken.scope != "prefix" and facts.sharded:
         return "the sampler is there to partition the data"
+    if taken.scope != "prefix" and facts.own_data:
+        return "each rank reads a dataset of its own, cut from one: the program split the data"
     if taken.scope != "prefix" and taken.identical:
         return "every rank took the same samples"
     if taken.scope == "prefix":
@@ -170,15 +196,16 @@ def decide(taken: Taken, facts: Facts) -> Verdict | None:
     correct program may hand out (:data:`ALLOWANCES`) and what the trigger knows (``facts``).
 
     Nothing when an allowance explains the overlap. Else, with no sign the loader is meant to
-    be partitioned (no sharder, no earlier exact epoch, no data-parallel module, no declared
-    key): a warning (may be by design), nothing where every rank took the same samples (a
-    tensor-parallel group, a replicated evaluation). Else an error where something rules out
-    sampling by design (:func:`_evidence`); ranks that took identical ids of a declared key
-    with no data-parallel module are a warning (a tensor-parallel group reads the same
-    stream); anything else is nothing: no evidence of harm."""
+    be partitioned (no sharder, no datasets of the ranks' own, no earlier exact epoch, no
+    data-parallel module, no declared key): a warning (may be by design), nothing where every
+    rank took the same samples (a tensor-parallel group, a replicated evaluation). Else an
+    error where something rules out sampling by design (:func:`_evidence`); ranks that took
+    identical ids of a declared key with no data-parallel module are a warning (a
+    tensor-parallel group reads the same stream); anything else is nothing: no evidence of
+    harm."""
     if _allowed(taken, facts) is not None:
         return None
-    meant = facts.sharded or facts.partitioned_before or taken.scope == "datasets"
+    meant = facts.sharded or facts.own_data or facts.partitioned_before or taken.scope == "datasets"
     if not meant and not facts.data_parallel:
         if taken.identical:
             if taken.by_key:
@@ -199,8 +226,11 @@ def unshown_identity(severity: str, shown: bool = False) -> Literal["error", "wa
 
 
 # The causes that convict alone, before any overlap is measurable: each proves that the ranks
-# take shares of different orders (or datasets) of one root. Any other cause (a sampler's draws
-# whose seed and epoch agree) explains a finding and waits for the measured overlap.
+# take shares of different orders (or datasets) of one root. A sampler's state, an order before
+# sharding and a dataset mapping convict only where the shares the ranks are about to be handed
+# cannot be read before the epoch (a sampler that yields lazily, a BatchSamplerShard); where they
+# can, the measured shares decide (order_rules.planned_overlap). Any other cause (a sampler's
+# draws whose seed and epoch agree) explains a finding and waits for the measured overlap.
 CONVICTING: dict[str, str] = {
     "drawn before the sync": "a loader's sampler drew its epoch-0 order before iteration "
     "(a stateful loader's prefetch in prepare()) from state that differs across ranks",

@@ -55,70 +55,12 @@ CONFIGS = [
     if not ONLY or cfg.id in ONLY
 ]
 
-# Today's wrong verdicts, (how, config id) -> the root cause; each is a strict xfail, so it
-# turns red once fixed (remove its entry then), except ONE_RANK's, which passed by chance
-# in 3 of 6 runs (timing). Config ids carry the seed and their index: other seeds'
-# configs are never listed here.
-NO_DDP_WARNS = (
-    "miss: epoch-0 overlap of a loader no known class shards, with no data-parallel module and "
-    "no earlier partition: order_rules.observed_overlap makes it a warning"
-)
-BY_CHANCE = (
-    "miss: epoch-0 overlap under DDP of a small epoch (n <= 40): observed_overlap needs "
-    "verdict.by_chance_ruled_out, which cannot rule out ranks "
-    "drawing independently with replacement at this size, though no rank repeated a sample"
-)
-WINDOW = (
-    "miss under RNGAUDIT=1: the per-rank Subsets are built after the whole-run window closed "
-    "(at the launch's first loader iteration), so the datasets are never compared (the "
-    "with-block's dataset-divergence catches it at set-up); the observed partition then "
-    "misses it: "
-)
-UNEQUAL_BATCHES = (
-    "judging.one_loader (rngaudit/epochs/judging.py:242) skips ranks with unequal index-batch "
-    "counts (the per-rank Subsets differ in length)"
-)
-ONE_RANK = (
-    "miss on some ranks: epoch 1 of a self-sharding sampler (bare loop, no DDP) is judged at "
-    "its end by some ranks only; the others train past it and raise at their next observed "
-    "loader (here the drain after the config). epochs/unsharded.py finish (:88) should have "
-    "waited for every rank's summary (each iterated the loader before); why not: not isolated"
-)
-WORLD3_EPOCH1 = (
-    "miss: at world 3, the last rank one epoch behind (set_epoch) on a self-sharding sampler "
-    "under DDP: epoch 1 overlaps after an exact epoch 0 and nothing is found, not even a "
-    "warning (the world-2 twin w2-s33-14 raises; num_workers is not the cause); not isolated"
-)
-PADDING_ASSUMED = (
-    "miss: one sample on two ranks and one on none (per-rank Subsets of different orders): "
-    "an overlap of world - 1 is taken for DistributedSampler padding (verdict.allowed_as) "
-    "though this layout pads nothing; the with-block's dataset comparison "
-    "says nothing either (not isolated)"
-)
-BOTH = {  # the same wrong verdict in the with-block and under RNGAUDIT=1
-    "w2-s33-06": ONE_RANK,
-    "w3-s33-00": BY_CHANCE,
-    "w3-s33-12": WORLD3_EPOCH1,
-    "w2-s7-02": BY_CHANCE,
-    "w2-s7-03": BY_CHANCE,
-    "w2-s7-13": PADDING_ASSUMED,
-}
-ENV_ONLY = {  # the with-block catches these at set-up (the datasets, in its window)
-    "w2-s33-04": WINDOW + NO_DDP_WARNS,
-    "w2-s33-12": WINDOW + UNEQUAL_BATCHES,
-    "w3-s33-03": WINDOW + BY_CHANCE,
-    "w3-s33-09": WINDOW + NO_DDP_WARNS,
-    "w3-s33-11": WINDOW + BY_CHANCE,
-    "w3-s33-13": WINDOW + BY_CHANCE,
-    "w2-s7-12": WINDOW + NO_DDP_WARNS,
-    "w3-s7-04": WINDOW + BY_CHANCE,
-    "w3-s7-11": WINDOW + BY_CHANCE,
-    "w3-s7-12": WINDOW + NO_DDP_WARNS,
-}
-KNOWN_WRONG: dict[tuple[str, str], str] = {
-    **{(how, i): reason for how in HOWS for i, reason in BOTH.items()},
-    **{("env", i): reason for i, reason in ENV_ONLY.items()},
-}
+# Wrong verdicts known, (how, config id) -> the root cause; each a strict xfail, so it turns
+# red once fixed (remove its entry then). None today: the last 16 were fixed by facts the one
+# verdict takes (a sampler that shards itself, datasets of the ranks' own, a
+# DistributedSampler's exact padding) and a short wait at the end of a split loader's first
+# epoch. Config ids carry the seed and their index: other seeds' configs are never listed.
+KNOWN_WRONG: dict[tuple[str, str], str] = {}
 
 
 def _launch(outdir: Path, how: str, world: int, configs: list[Config]) -> dict[int, Any]:
@@ -221,9 +163,7 @@ def _describe(cfg: Config, truth: list[bool], res: dict[int, Any] | None = None)
 
 def _marked(how: str, cfg: Config) -> Any:
     reason = KNOWN_WRONG.get((how, cfg.id))
-    # which ranks raise in time depends on timing there: not strict (it may pass by chance)
-    strict = reason != ONE_RANK
-    marks = [pytest.mark.xfail(strict=strict, reason=reason)] if reason else []
+    marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
     return pytest.param(how, cfg, id=f"{how}-{cfg.id}", marks=marks)
 
 

@@ -445,23 +445,24 @@ def test_an_epoch_published_before_the_others_is_compared_when_the_group_goes(
     runs: dict[str, Any],
 ) -> None:
     """Rank 0 drew its one epoch before rank 1 began it (no collective between them): rank 1
-    compares it at its end; rank 0, which has no later epoch, when the process group is
-    destroyed, with the overlap measured unaudited (a warning: no data-parallel module)."""
+    compares it at its end and raises; rank 0, which has no later epoch, is told when the
+    process group is destroyed, with the overlap measured unaudited. An error with no
+    data-parallel module: the sampler holds each rank's rank and the world size (it is there
+    to split the data)."""
     plain = [set(runs["none"][r]["unsynced_single_epoch"]["epochs"][0]) for r in range(2)]
     shared, never = len(plain[0] & plain[1]), 40 - len(plain[0] | plain[1])
     assert shared > 1  # the scenario's claim, measured
     counts = f"{shared} of 40 samples went to more than one rank, and {never} of them to none"
     for how in HOWS:
-        for rank in range(NPROC):
-            res = runs[how][rank]["unsynced_single_epoch"]
-            assert (
-                not res["raised"]
-                and res["epochs"] == runs["none"][rank]["unsynced_single_epoch"]["epochs"]
-            ), res
+        first = runs[how][0]["unsynced_single_epoch"]
+        assert not first["raised"], first  # it drew its epoch before rank 1 announced it
+        assert first["epochs"] == runs["none"][0]["unsynced_single_epoch"]["epochs"], first
+        second = runs[how][1]["unsynced_single_epoch"]
+        assert second["raised"] and second["kinds"] == ["partition-overlap"], second
+        assert counts in second["message"] and second["items_at_raise"] == 20, second
         at_exit = json.loads((runs[how + "_dir"] / "exit-rank0.json").read_text())
-        assert at_exit["raised"] is None, at_exit
-        said = [w for w in at_exit["warnings"] if " of 40 samples " in w]
-        assert len(said) == 1 and counts in said[0], at_exit
+        assert counts in str(at_exit["raised"]), at_exit
+        assert not [w for w in at_exit["warnings"] if " of 40 samples " in w], at_exit
     none = json.loads((runs["none_dir"] / "exit-rank0.json").read_text())
     assert none == {"raised": None, "warnings": [], "log": []}
 
@@ -480,7 +481,7 @@ def test_a_rank_that_left_its_epoch_early_is_compared_when_the_group_goes(
             res = runs[how][rank]["unsynced_left_early"]
             assert not res["raised"] and res["epochs"][0] == plain[rank], res
             at_exit = json.loads((runs[how + "_dir"] / f"exit-rank{rank}.json").read_text())
-            assert at_exit["raised"] is None, at_exit
+            assert " of 44 samples " not in str(at_exit["raised"]), at_exit  # others' raise
             assert not [line for line in at_exit["log"] if "was not compared" in line], at_exit
             assert not [w for w in at_exit["warnings"] if " of 44 samples " in w]
 
@@ -556,22 +557,25 @@ def test_an_epoch_left_early_is_compared_as_measured(
 
 def test_an_epoch_every_rank_left_is_compared_when_the_group_goes(runs: dict[str, Any]) -> None:
     """The launch's last epoch of a loader, left early by every rank, is compared when the
-    process group is destroyed, with the overlap measured unaudited (a warning: no
-    data-parallel module); nothing raises there. A loader rank 0 alone iterated and left is
-    never compared, nor waited for."""
+    process group is destroyed, with the overlap measured unaudited: an error there, with no
+    data-parallel module (its sampler holds each rank's rank and the world size: it is there
+    to split the data). A loader rank 0 alone iterated and left is never compared, nor waited
+    for."""
     scenario = "left_early_last_epoch_per_rank_seed"
     shared = _left_shared(runs, scenario, 0)
     said = f"rank 0 after 3 of 7 batches, rank 1 after 3: by then {shared} of 52 samples"
     for how in HOWS:
         for rank in range(NPROC):
             at_exit = json.loads((runs[how + "_dir"] / f"exit-rank{rank}.json").read_text())
-            assert at_exit["raised"] is None, at_exit
-            warned = [w for w in at_exit["warnings"] if " of 52 samples " in w]
-            assert len(warned) == 1 and said in warned[0], at_exit
+            assert at_exit["raised"], at_exit  # the first error of those compared there
+            assert not [w for w in at_exit["warnings"] if " of 52 samples " in w], at_exit
             assert not [w for w in at_exit["warnings"] if " of 36 samples " in w]
             assert not [line for line in at_exit["log"] if "was not compared" in line]
             waited = runs[how][rank]["rank0_alone_left_early"]["waited"]
             assert not waited, waited
+        merged = json.loads((runs[how + "_dir"] / "report" / "report.json").read_text())
+        found = [f for f in merged["findings"] if said in f["message"]]
+        assert [f["severity"] for f in found] == ["error"], found  # every error is reported
 
 
 @pytest.mark.parametrize("how", HOWS)

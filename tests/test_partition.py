@@ -182,3 +182,23 @@ def test_index_batches_of_every_integer_kind_are_read_and_nothing_else() -> None
     tape = partition.Tape([], 16)
     tape.take([[3, -1]])  # a negative index: outside the root (numpy would wrap it)
     assert tape.summary() == {"known": False}
+
+
+def test_datasets_of_the_ranks_own_are_told_apart_by_their_index_mappings() -> None:
+    from rngaudit.epochs import judging
+
+    train = np.arange(0, 40, 2, dtype=np.int64)  # a split of 20 of a 40-sample root
+
+    def published(*maps: Any) -> dict[str, Any]:
+        return {"known": True, "root_size": 40, "identity": "Items(40)", "batches": len(maps[0]),
+                "levels": partition.levels(list(maps))}  # fmt: skip
+
+    own = {0: published(np.arange(0, 10), train), 1: published(np.arange(10, 19), train)}
+    assert overlap.cut_from(own) == 20  # cut from the split they share, not the root
+    assert overlap.cut_from({0: published(np.arange(4)), 1: published(np.arange(4, 8))}) == 40
+    assert judging.one_loader(own)  # 10 and 9 batches: a split gives some rank one more
+    alike = {0: published(np.arange(10), train), 1: published(np.arange(10), train)}
+    assert overlap.cut_from(alike) is None  # one dataset, sharded (or a tensor-parallel pair)
+    assert overlap.cut_from({0: {"known": True}, 1: published(np.arange(4))}) is None
+    unequal = {0: dict(alike[0], levels=[]), 1: dict(alike[1], levels=[], batches=9)}
+    assert not judging.one_loader(unequal)  # nothing says it is split: not one loader

@@ -132,3 +132,27 @@ def test_a_subclass_with_its_own_iter_is_told_from_the_class_never_the_instance(
             raise AssertionError("read its __class__")
 
     assert not sharding.has_own_iter(Hostile())
+
+
+def test_a_sampler_holding_this_rank_and_the_world_shards_itself() -> None:
+    class Own:
+        def __init__(self, **kw: Any) -> None:
+            self.__dict__.update(kw)
+
+    assert sharding.shards_itself([Own(rank=1, world=2)], 1, 2)
+    assert sharding.shards_itself([object(), Own(rank=0, num_replicas=3)], 0, 3)
+    assert not sharding.shards_itself([Own(rank=1, world=4)], 1, 2)  # a mesh's dp group
+    assert not sharding.shards_itself([Own(rank=True, world=2)], 1, 2)  # no int: unread
+    assert not sharding.shards_itself([Own(rank=1)], 1, 2)
+
+
+def test_a_distributed_samplers_padding_is_its_total_size_beyond_its_data() -> None:
+    from torch.utils.data.distributed import DistributedSampler
+
+    def ds(n: int, drop_last: bool = False) -> Any:
+        data: Any = list(range(n))
+        return DistributedSampler(data, num_replicas=2, rank=0, drop_last=drop_last)
+
+    assert sharding.allowance(ds(9)).pads == 1
+    assert sharding.allowance(ds(8)).pads == 0
+    assert sharding.allowance(ds(9, drop_last=True)).pads == 0

@@ -136,3 +136,38 @@ def test_exactly_one_function_decides_partition_harm() -> None:
                 own_severity.append(f"{path.name}:{node.lineno}")
     assert asked == []
     assert own_severity == []
+
+
+def test_a_distributed_sampler_pads_no_more_than_its_total_size_holds_beyond_the_data() -> None:
+    # generated config w2-s14-03: 8 samples at world 2, a DistributedSampler pads none; one
+    # sample on both ranks (per-rank orders) is no padding
+    one = seen(1, 7, root=8)
+    assert not beyond(one, 2)  # a sampler not known: up to world - 1 may be padding
+    assert beyond(one, 2, verdict.Sharding(pads=0))
+    assert not beyond(seen(1, 9, root=9), 2, verdict.Sharding(pads=1))  # 9 samples: 1 pad
+    assert not beyond(seen(2, 10, root=10), 3, verdict.Sharding(pads=5))  # never over world - 1
+    assert beyond(seen(3, 10, root=10), 3, verdict.Sharding(pads=5))
+
+
+def test_datasets_of_the_ranks_own_pad_only_with_every_sample_taken() -> None:
+    # generated config w2-s7-13: per-rank Subsets of 4 of 8 samples, drawn from per-rank
+    # orders: one sample on both ranks, one on none; padding completes a round, never drops
+    own = verdict.Sharding(covers=8, complete=True)
+    assert beyond(seen(1, 7, root=8), 2, own)
+    assert not beyond(seen(1, 8, root=8), 2, own)  # a padded split: every sample taken
+    estimated = {**seen(1, 7, root=8), "estimated": True}
+    assert not beyond(estimated, 2, own)  # a sketch cannot show a sample left out
+    facts = verdict.Facts(sharding=own, own_data=True)
+    decided = verdict.decide(_taken(1, 7), facts)
+    assert decided is not None and decided.severity == "error"
+    assert "dataset of its own" in decided.why
+    assert verdict.decide(_taken(3, 20), verdict.Facts(own_data=True)) is not None
+    # no sign the data is meant to be split, no data-parallel module: a warning at most
+    warned = verdict.decide(_taken(3, 20), verdict.Facts())
+    assert warned is not None and warned.severity == "warning"
+
+
+def test_a_sampler_that_shards_itself_is_there_to_split_the_data() -> None:
+    decided = verdict.decide(_taken(3, 20), verdict.Facts(sharded=True))
+    assert decided is not None and decided.severity == "error"
+    assert verdict.decide(_taken(3, 20, "prefix"), verdict.Facts(sharded=True)) is None

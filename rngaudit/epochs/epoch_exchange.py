@@ -91,8 +91,8 @@ class EpochExchange:
             if folded is None:
                 return
             groups = data_parallel.data_parallel_groups(scan=False)
-            summary = dict(folded, identity=context.loader.identity, training=context.training,
-                           data_parallel=groups)  # fmt: skip
+            summary = dict(folded, **context.loader.described(tape.maps),
+                           training=context.training, data_parallel=groups)  # fmt: skip
             summary.update(rendezvous.fields(tape))
             self.left.append((context.epoch, summary))
             del self.left[: -unsharded.MAX_PENDING]

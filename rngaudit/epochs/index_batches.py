@@ -209,7 +209,8 @@ class IndexBatches:
     def _open_observed(self, iterator: Any, nodes: list[Any]) -> partition.Tape | None:
         """An epoch of a map-style loader no known class shards, in a run of several ranks:
         announced through the store and observed (:mod:`rngaudit.epochs.unsharded`)."""
-        if exchange.distributed() is None or not nodes:
+        where = exchange.distributed()
+        if where is None or not nodes:
             return None
         index = nodes[0]
         with self.registry.lock:
@@ -234,7 +235,8 @@ class IndexBatches:
                     + (f" #{occurrence + 1}" if occurrence else "")
                 )
                 key = unsharded.loader_key(identity, chain, batch, occurrence)
-                known = ObservedLoader(key, label, identity)
+                shards = sharding.shards_itself(nodes, *where)
+                known = ObservedLoader(key, label, identity, shards=shards)
                 self.registry.observed[index] = known
         if not watch.every_epoch and known.epochs > 0:
             return None
@@ -276,7 +278,7 @@ class IndexBatches:
                 size = len(batch) if isinstance(batch, list) else 1
                 whole = partition.Tape(tape.maps, tape.root_size)
                 whole.take_indices(indices, -(-len(indices) // max(1, size)))
-                summary = dict(whole.summary(), identity=known.identity, training=training)
+                summary = dict(whole.summary(), **known.described(tape.maps), training=training)
             record = {
                 "key": epoch.key,
                 "epoch": epoch.epoch,
@@ -298,10 +300,14 @@ class IndexBatches:
             groups = data_parallel.data_parallel_groups(scan=not known.scanned)
             known.scanned = True
             summary = dict(
-                tape.summary(), identity=known.identity, training=training, data_parallel=groups
+                tape.summary(),
+                **known.described(tape.maps),
+                training=training,
+                data_parallel=groups,
             )
             summary.update(rendezvous.fields(tape))
-            got = unsharded.finish(epoch, summary)
+            meant = known.shards or bool(tape.maps)  # a self-sharding sampler, a split
+            got = unsharded.finish(epoch, summary, meant)
         except Exception:
             log.warning("rngaudit: could not publish the loader's observed epoch", exc_info=True)
             return

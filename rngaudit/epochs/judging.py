@@ -10,7 +10,7 @@ from rngaudit import findings as fk
 from rngaudit.epochs import handed, keyed, order_rules, partition, rendezvous, unsharded
 from rngaudit.errors import RNGAuditError
 from rngaudit.findings import Finding
-from rngaudit.ranks import exchange
+from rngaudit.ranks import exchange, overlap
 
 log = logging.getLogger("rngaudit")
 
@@ -243,12 +243,17 @@ def one_loader(summaries: dict[int, dict[str, Any]], left: bool = False) -> bool
     """Whether the ranks' published epochs are one loader's: the same root dataset (identity
     and size), as many index batches on every rank (a data-parallel loop steps together);
     ``left``: an epoch some rank left early, whose length, where every rank knows it, is the
-    same on every rank."""
+    same on every rank. Ranks whose sampler shards itself or that read datasets of their own
+    cut from one root (per-rank Subsets) may take different numbers of batches (a split of n
+    samples gives some ranks one more)."""
     if len(summaries) < 2 or not all(s.get("known") for s in summaries.values()):
         return False
     same = all(
         len({str(s.get(k)) for s in summaries.values()}) == 1 for k in ("identity", "root_size")
     )
+    split = all(s.get("shards_self") is True for s in summaries.values())
+    if split or overlap.cut_from(summaries) is not None:  # meant to be split: lengths differ
+        return same
     if not left:
         return same and len({str(s.get("batches")) for s in summaries.values()}) == 1
     lengths = {

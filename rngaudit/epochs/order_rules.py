@@ -140,7 +140,9 @@ def compare(
     datasets = {int(r["rank"]): r.get("dataset") for r in records}
     shares = {int(r["rank"]): r["shares"] for r in records if "shares" in r}
     if len(set(datasets.values())) > 1:
-        out.append(_dataset_finding(records, where, datasets, loader, epoch))
+        mapped = _dataset_finding(records, where, datasets, loader, epoch)
+        mapped.details["measure"] = "planned"  # what the ranks are handed decides, if read
+        out.append(mapped)
     elif len(shares) == len(records) and (found := _shares_finding(where, shares, loader, epoch)):
         out.append(found)
     else:
@@ -160,8 +162,7 @@ def compare(
         cause = "sampler state" if differs else "order before sharding" if prefix else "draws"
         decided = verdict.by_cause(cause)
         finding = _order_finding(records, where, states, orders, differs, loader, epoch, decided)
-        if cause == "draws":  # only the draws: what the ranks are handed decides
-            finding.details["measure"] = "planned"
+        finding.details["measure"] = "planned"  # what the ranks are handed decides, if read
         out.append(finding)
     positions = {int(r["rank"]): r.get("position") for r in records}
     if len(set(positions.values())) > 1:
@@ -183,8 +184,9 @@ def _sampler_draws_differ(records: list[EpochRecord]) -> bool:
 
 
 def only_draws_differ(found: list[Finding]) -> bool:
-    """An order finding that rests on the sampler's draws alone (its seed and epoch agree):
-    the shares the ranks are about to be handed must be measured before it is a verdict."""
+    """An order or dataset finding whose cause (a sampler's state or draws, a mapping, an
+    order before sharding) explains it: the shares the ranks are about to be handed, where
+    they can be read, decide the verdict."""
     return any(f.details.get("measure") == "planned" for f in found)
 
 
@@ -227,13 +229,18 @@ def _estimated(seen: dict[str, Any]) -> str:
 
 
 def planned_overlap(
-    summaries: dict[int, dict[str, Any]], found: list[Finding], complete: bool
+    summaries: dict[int, dict[str, Any]],
+    found: list[Finding],
+    complete: bool,
+    sharding: verdict.Sharding = verdict.UNKNOWN,
 ) -> list[Finding]:
-    """The order finding that rests on draws alone, decided by the shares the ranks are about
-    to be handed (each rank's whole epoch, read before its first batch): an overlap beyond
-    padding is an error with the measured counts; shares that partition the data (a per-rank
-    order of a fixed share) are no finding; shares that could not be read (a sampler that
-    yields lazily) leave a warning (``details["shares"] = "unread"``), and the epoch's end
+    """The order and dataset findings, decided by the shares the ranks are about to be handed
+    (each rank's whole epoch, read before its first batch): an overlap beyond padding is an
+    error with the measured counts; shares that partition the data (a per-rank order of a
+    fixed share, a shuffle-free sampler whose seed differs) are no finding. Shares that could
+    not be read (a sampler that yields lazily, a BatchSamplerShard) leave a convicting cause's
+    error as it is (:data:`~rngaudit.verdict.CONVICTING`: nothing is measurable before the
+    epoch) and the draws' warning (``details["shares"] = "unread"``), and the epoch's end
     measures what the ranks were handed (under DDP/FSDP also the training steps as they come:
     :meth:`~rngaudit.epochs.sharded_check.ShardedCheck._follow_drawn`)."""
     seen = overlap.measure(summaries) if complete else None
@@ -244,6 +251,12 @@ def planned_overlap(
             continue
         del f.details["measure"]
         world = len(summaries)
+        if f.kind == fk.DATASET_DIVERGENCE and not _mapped_apart(summaries):
+            out.append(f)  # the datasets differ where no index mapping shows it (a Hugging
+            continue  # Face dataset's own indices): positions name different samples
+        if seen is None and f.severity == "error":
+            out.append(f)  # a cause that convicts where the shares cannot be read: CONVICTING
+            continue
         if seen is None:
             f.message = f.message.replace(
                 _DRAWS_ONLY,
@@ -255,7 +268,7 @@ def planned_overlap(
             out.append(f)
             continue
         taken = verdict.Taken(seen, world, "planned")
-        if verdict.decide(taken, verdict.Facts(sharded=True)) is None:
+        if verdict.decide(taken, verdict.Facts(sharding=sharding, sharded=True)) is None:
             continue  # measured intact: the ranks order shares that still partition the data
         never = int(seen.get("never_estimate", seen["root_size"] - seen["union"]))
         f.severity = "error"
@@ -267,6 +280,12 @@ def planned_overlap(
         f.details.update(shared=seen["shared"], never=never, root_size=seen["root_size"])
         out.append(f)
     return out
+
+
+def _mapped_apart(summaries: dict[int, dict[str, Any]]) -> bool:
+    """Whether the ranks' planned epochs map through index mappings that differ (the
+    difference between their datasets is one the root samples measured show)."""
+    return len({str(s.get("levels")) for s in summaries.values()}) > 1
 
 
 def _position_finding(where: str, positions: dict[int, Any], loader: str, epoch: int) -> Finding:
@@ -598,11 +617,8 @@ def observed_overlap(
     if seen is None:
         return None, False
     identical = bool(seen.get("identical"))
-    training = all(s.get("training") for s in summaries.values())
     taken = verdict.Taken(seen, world, "epoch" if left is None else "left")
-    facts = verdict.Facts(
-        partitioned_before=partitioned_before, data_parallel=data_parallel and training
-    )
+    facts = observed_facts(summaries, partitioned_before, data_parallel, left is None)
     decided = verdict.decide(taken, facts)
     if decided is None:  # a partition, by design, or no evidence of harm (with replacement)
         return None, verdict.partitions(taken)
@@ -651,6 +667,17 @@ def observed_overlap(
             f"({seen_how}){_estimated(seen)}."
         ]
     if not identical:
+        if facts.own_data:
+            lines.append(
+                f"Each rank reads a dataset of its own (a per-rank Subset), cut from one of "
+                f"{facts.sharding.covers} samples: the program split the data between the "
+                "ranks, and the splits overlap."
+            )
+        elif facts.sharded:
+            lines.append(
+                "A sampler of the loader holds this rank and the world size: it is there to "
+                "split the order between the ranks, and the shares overlap."
+            )
         if partitioned_before:
             lines.append(
                 "An earlier epoch of this loader partitioned the data exactly: the order it "
@@ -668,7 +695,7 @@ def observed_overlap(
         severity=severity,
         message="\n".join(lines),
         ranks=sorted(summaries),
-        remedy=DUPLICATION_REMEDY,
+        remedy=DATASET_REMEDY if facts.own_data else DUPLICATION_REMEDY,
         details={
             "loader": loader,
             "epoch": epoch,
@@ -682,6 +709,25 @@ def observed_overlap(
         },
     )
     return finding, False
+
+
+def observed_facts(
+    summaries: dict[int, dict[str, Any]], partitioned_before: bool, data_parallel: bool, whole: bool
+) -> verdict.Facts:
+    """What the ranks published of an observed loader's epoch tells the verdict besides the
+    samples taken: a sampler that shards itself (every rank's holds its rank and the world),
+    datasets of the ranks' own cut from one (:func:`~rngaudit.ranks.overlap.cut_from`; their
+    padding, in a ``whole`` epoch, leaves none out), an earlier exact partition, and a
+    data-parallel module training (every rank's gradients on)."""
+    cut = overlap.cut_from(summaries)
+    training = all(s.get("training") for s in summaries.values())
+    return verdict.Facts(
+        sharding=verdict.Sharding(covers=cut or 0, complete=whole and cut is not None),
+        sharded=all(s.get("shards_self") is True for s in summaries.values()),
+        own_data=cut is not None,
+        partitioned_before=partitioned_before,
+        data_parallel=data_parallel and training,
+    )
 
 
 def content_differs(finding: Finding) -> Finding:

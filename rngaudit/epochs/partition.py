@@ -19,6 +19,7 @@ from typing import Any
 
 from rngaudit import peek
 from rngaudit.capture import rank_record, sketch
+from rngaudit.capture.fingerprint import digest_bytes
 
 MAX_ROOT = 1 << 21  # root samples compared exactly (a 256 KiB bitmap per rank and epoch)
 MAX_SKETCH_ROOT = 1 << 40  # root samples observed at all (above MAX_ROOT: by a sketch)
@@ -165,6 +166,13 @@ def _converted(node: Any, level: Any, cache: bool) -> Any:
     return array
 
 
+def levels(maps: list[Any]) -> list[list[Any]]:
+    """Each level of a mapping to the root (:func:`root_mapping`), outermost first, as [its
+    length, a digest of its indices]: what tells the ranks' datasets apart (a per-rank Subset,
+    :func:`~rngaudit.ranks.overlap.cut_from`) with no sample read."""
+    return [[int(arr.size), digest_bytes(arr.tobytes())] for arr in maps]
+
+
 MAX_DATASET_ROOT = 1 << 17  # root samples of a dataset sent in a window's record (16 KiB)
 
 
@@ -186,7 +194,7 @@ def dataset_samples(dataset: Any) -> dict[str, Any] | None:
     try:
         tape = Tape(maps[1:], size)
         tape.add(maps[0].tolist())  # the outermost level's entries are indices of the next
-        return tape.summary()
+        return dict(tape.summary(), levels=levels(maps))
     except Exception:
         return None
 

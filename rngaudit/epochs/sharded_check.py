@@ -15,7 +15,7 @@ import types
 import weakref
 from typing import Any, cast
 
-from rngaudit import library_samplers, peek, schema
+from rngaudit import library_samplers, peek, schema, verdict
 from rngaudit.epochs import order_rules, partition, rendezvous, sharding, suspended, unsharded
 from rngaudit.epochs.judging import Judge, ranks_of
 from rngaudit.epochs.registry import LoaderState, Registry, ShardedEpoch, Watch
@@ -57,7 +57,7 @@ class ShardedCheck:
             log.warning("rngaudit: could not prepare the order check", exc_info=True)
             return
         planned = (peek.attr(iterator, "__dict__") or {}).pop("_rngaudit_planned", None)
-        found = self._compare(record, watch, state, planned)
+        found = self._compare(record, watch, state, planned, sharding.allowance(shard))
         del planned  # the epoch's list, kept only for this check
         if any(f.details.get("shares") == "unread" for f in found):
             self._follow_drawn(iterator, shard, state, record, watch)
@@ -151,6 +151,7 @@ class ShardedCheck:
         watch: Watch,
         state: LoaderState,
         planned: Any = None,
+        allowed: verdict.Sharding = verdict.UNKNOWN,
     ) -> list[Finding]:
         record["dataset_draws"] = split_draws(watch.session)
         exchanged = self._swap(
@@ -167,7 +168,7 @@ class ShardedCheck:
             return []
         found += peers.check_first(exchanged[0], record["loader"], record["chain"])
         if order_rules.only_draws_differ(found):
-            found = self._measure_planned(found, record, watch, state, planned)
+            found = self._measure_planned(found, record, watch, state, planned, allowed)
         repeat = order_rules.repeated(record, state.previous)
         if repeat is not None:
             found.append(repeat)
@@ -226,6 +227,7 @@ class ShardedCheck:
         watch: Watch,
         state: LoaderState,
         planned: Any,
+        allowed: verdict.Sharding,
     ) -> list[Finding]:
         """The sampler drew its order from state that differs across ranks while its seed and
         epoch agree: the harm is decided by what the ranks are about to be handed. Each rank's
@@ -240,7 +242,8 @@ class ShardedCheck:
         result = self._swap(mine, f"planned/{state.index}/{state.checks}", watch, "order")
         rows = result[0] if result is not None else []
         summaries = {int(r["rank"]): r["planned"] for r in rows if "planned" in r}
-        return order_rules.planned_overlap(summaries, found, len(rows) == len(summaries) > 1)
+        complete = len(rows) == len(summaries) > 1
+        return order_rules.planned_overlap(summaries, found, complete, allowed)
 
     def _swap(
         self, record: dict[str, Any], key: str, watch: Watch, what: str
@@ -316,7 +319,7 @@ def planned_summary(planned: Any) -> dict[str, Any] | None:
         epoch = partition.Tape(tape.maps, tape.root_size)
         epoch.take_indices(values, 1)
         summary = epoch.summary()
-        return summary if summary.get("known") else None
+        return dict(summary, levels=partition.levels(tape.maps)) if summary.get("known") else None
     except Exception:
         log.debug("rngaudit: could not read the epoch the sampler returned", exc_info=True)
         return None

@@ -25,6 +25,23 @@ def _class_name(obj: Any) -> str:
     return type(obj).__name__
 
 
+RANK_NAMES = ("rank", "_rank", "process_index")
+WORLD_NAMES = (
+    "num_replicas", "_num_replicas", "world", "world_size", "_world_size", "num_processes",
+)  # fmt: skip
+
+
+def shards_itself(nodes: list[Any], rank: int, world: int) -> bool:
+    """Whether a sampler of the chain holds ``rank`` and ``world`` (this rank's, the run's) as
+    ints: a sampler of the program's own that splits the order between the ranks, as a
+    DistributedSampler does. Read without a call."""
+    for node in nodes:
+        held = (peek.first_attr(node, *RANK_NAMES), peek.first_attr(node, *WORLD_NAMES))
+        if all(type(v) is int for v in held) and held == (rank, world):
+            return True
+    return False
+
+
 def is_distributed_sampler(obj: Any) -> bool:
     return library_samplers.is_a(obj, "DistributedSampler")
 
@@ -53,6 +70,12 @@ def allowance(shard: Any) -> verdict.Sharding:
     re-hands the epoch's first samples to complete its last round, at most ``num_processes x
     batch_size`` of the samples its inner sampler holds (a Subset's, not its root's); any other
     sharder nothing beyond the rule's own allowance (a DistributedSampler pads ``world - 1``)."""
+    if is_distributed_sampler(shard):
+        total = peek.attr(shard, "total_size")
+        size = peek.size(peek.attr(shard, "dataset"))
+        if type(total) is int and size is not None:
+            return verdict.Sharding(pads=max(0, total - size))
+        return verdict.UNKNOWN
     if not _is_batch_sampler_shard(shard):
         return verdict.UNKNOWN
     if peek.flag(peek.attr(shard, "even_batches")) is not True:

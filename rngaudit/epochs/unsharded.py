@@ -28,6 +28,8 @@ from rngaudit.ranks import store as protocol
 
 PREFIX = protocol.key("observed")
 END_WAIT = 10.0  # seconds a rank waits at an epoch's end for ranks that all announced it
+START_WAIT = 3.0  # seconds a rank waits for the others to announce a loader meant to be split
+ALONE: set[str] = set()  # loaders meant to be split that some rank did not announce in time
 MAX_PENDING = 64  # epochs kept for a later comparison, per process
 WAITED: collections.Counter[str] = collections.Counter()  # loader label -> epochs waited for
 
@@ -65,10 +67,16 @@ def start(epoch: Epoch) -> None:
             store.set(protocol.loader(epoch.key) / "iterated" / where[0], b"1")
 
 
-def finish(epoch: Epoch, summary: dict[str, Any]) -> list[dict[str, Any]] | None:
+def finish(
+    epoch: Epoch, summary: dict[str, Any], meant: bool = False
+) -> list[dict[str, Any]] | None:
     """Publish what this rank took in ``epoch``; every rank's summary when all have published
     (waited for, up to ``END_WAIT``, only when every rank announced this epoch or iterated
-    the loader before), else None."""
+    the loader before), else None. ``meant``: the loader is meant to be split between the
+    ranks (its sampler shards itself, its dataset is a split of a root): a rank that drew its
+    epoch before the others announced theirs (a loop with no data-parallel module: nothing
+    holds the ranks together) waits up to ``START_WAIT`` for their announcements first, once
+    per loader (a loader one rank iterates alone costs that wait once)."""
     where = exchange.distributed()
     if where is None:
         return None
@@ -79,6 +87,10 @@ def finish(epoch: Epoch, summary: dict[str, Any]) -> list[dict[str, Any]] | None
     starts = protocol.per_rank(base / "start", range(world))
     iterated = protocol.per_rank(protocol.loader(epoch.key) / "iterated", range(world))
     ends = protocol.per_rank(base / "end", range(world))
+    if meant and epoch.key not in ALONE and not store.check(iterated):
+        protocol.wait_all(store, starts, min(START_WAIT, float(epoch.watch.settings.timeout)))
+        if not store.check(starts):
+            ALONE.add(epoch.key)  # some rank does not iterate it: never waited for again
     if store.check(starts) or store.check(iterated):
         WAITED[epoch.label] += 1
         protocol.wait_all(store, ends, min(END_WAIT, float(epoch.watch.settings.timeout)))

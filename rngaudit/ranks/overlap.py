@@ -36,3 +36,31 @@ def measure(summaries: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
         "repeats": repeats,  # within one rank: sampling with replacement (or padding)
         "identical": len({str(s.get("bitmap")) for s in summaries.values()}) == 1,
     }
+
+
+def cut_from(summaries: dict[int, dict[str, Any]]) -> int | None:
+    """Where every rank reads a dataset of its own (no two ranks read one outermost index
+    mapping: per-rank Subsets) cut from one dataset of one root: that dataset's size (the
+    level every rank's mapping shares, or the root); None otherwise (a rank's mapping unknown,
+    none, or shared with another rank's). Compared from each summary's ``levels``
+    (:func:`~rngaudit.epochs.partition.levels`)."""
+    levels: list[list[Any]] = []
+    for s in summaries.values():
+        lv = s.get("levels")
+        if not isinstance(lv, list) or not lv:
+            return None
+        levels.append(lv)
+    if len(levels) < 2:
+        return None
+    if len({str(lv[0]) for lv in levels}) < len(levels):
+        return None
+    sizes = {s.get("root_size") for s in summaries.values()}
+    size = sizes.pop() if len(sizes) == 1 else None
+    if not isinstance(size, int):
+        return None
+    depth = min(len(lv) for lv in levels)
+    for k in range(1, depth):  # the innermost levels every rank shares: the dataset they cut
+        if len({str(lv[-k]) for lv in levels}) > 1:
+            break
+        size = int(levels[0][-k][0])
+    return size

@@ -378,7 +378,9 @@ def _dataset_overlap(
         seen = overlap.measure(per_rank)
         if seen is None:
             continue
-        decided = verdict.decide(verdict.Taken(seen, len(per_rank), "datasets"), verdict.Facts())
+        cut = overlap.cut_from(per_rank)  # padding completes a round: it never drops one
+        facts = verdict.Facts(sharding=verdict.Sharding(covers=cut or 0, complete=bool(cut)))
+        decided = verdict.decide(verdict.Taken(seen, len(per_rank), "datasets"), facts)
         if decided is None:
             continue
         never = seen["root_size"] - seen["union"]
