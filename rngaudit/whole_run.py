@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -84,7 +85,9 @@ class WholeRun:
         except ConfigError as exc:  # an environment problem never stops the run
             sys.stderr.write(f"rngaudit: {exc}; checking every epoch\n")
             self.epochs = "all"
-        self._sequential: set[int] = set()
+        # sequential loaders iterated once: held weakly (an id could name a later loader built
+        # at the same address on one rank only, ending the window there alone)
+        self._sequential: weakref.WeakSet[Any] = weakref.WeakSet()
         self.is_rank = False  # joined a process group, or prepared / iterated a loader
         self.worker = False  # a DataLoader worker: passive for good
 
@@ -171,7 +174,7 @@ class WholeRun:
             self.patches.undo()  # the parent's wraps, as this child inherited them
             self.session.forked()
             self.reports, self.is_rank, self._in_prepare = [], False, False
-            self._sequential = set()
+            self._sequential = weakref.WeakSet()
             self._open()
             util.Finalize(None, self.at_exit, exitpriority=100)
         except Exception as exc:  # never break the child over the auditor
@@ -255,9 +258,12 @@ class WholeRun:
             )
         if sharding.is_shuffling(library_samplers.loader_chain(loader)):
             return True
-        if id(loader) in self._sequential:
-            return True
-        self._sequential.add(id(loader))
+        try:
+            if loader in self._sequential:
+                return True
+            self._sequential.add(loader)
+        except TypeError:  # a loader no weak reference can hold: its first epoch is recorded
+            return False
         return False
 
     def _before_raise(self, label: str) -> None:
