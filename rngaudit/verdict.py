@@ -155,16 +155,17 @@ def _allowed(taken: Taken, facts: Facts) -> str | None:
     return None
 
 
-def partitions(taken: Taken) -> bool:
+def partitions(taken: Taken, covers: int = 0) -> bool:
     """Whether what the ranks took in a whole epoch partitions the data: nothing shared beyond
-    padding, known exactly (a bitmap), covering (nearly) all of the root. The evidence
+    padding, known exactly (a bitmap), covering (nearly) all of the ``covers`` samples the
+    loader's dataset holds (0: the root's; a split's size where it reads one). The evidence
     :attr:`Facts.partitioned_before` carries to the loader's later epochs."""
     seen = taken.seen
     if taken.by_key or taken.scope != "epoch" or seen.get("estimated"):
         return False
     if allowed_as(seen, taken.world) not in ("nothing shared", "DistributedSampler padding"):
         return False
-    return bool(int(seen["union"]) * 10 >= int(seen["root_size"]) * 9)
+    return bool(int(seen["union"]) * 10 >= (covers or int(seen["root_size"])) * 9)
 
 
 def _evidence(taken: Taken, facts: Facts) -> str | None:

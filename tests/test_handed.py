@@ -139,7 +139,7 @@ def test_a_partial_overlap_says_how_far_each_rank_got_and_claims_nothing_missing
     phrase = handed.phrase(summaries)
     assert phrase == "rank 0 after 5 of 16 batches, rank 1 after 5"
     finding, exact = order_rules.observed_overlap(
-        summaries, "DataLoader", "MySampler", 0, False, True, left=phrase
+        summaries, "DataLoader", "MySampler", 0, None, True, left=phrase
     )
     assert finding is not None and not exact
     assert finding.severity == "error"  # trained under a data-parallel module
@@ -150,19 +150,19 @@ def test_a_partial_overlap_says_how_far_each_rank_got_and_claims_nothing_missing
     ) in finding.message
     assert "none" not in finding.message and finding.details["never"] is None
     warning, _ = order_rules.observed_overlap(
-        summaries, "DataLoader", "MySampler", 0, False, False, left=phrase
+        summaries, "DataLoader", "MySampler", 0, None, False, left=phrase
     )
     assert warning is not None and warning.severity == "warning"
 
 
 def test_a_partial_epoch_is_no_partition_and_its_padding_no_error() -> None:
     whole = {0: _partial(list(range(0, 32, 2)), 8), 1: _partial(list(range(1, 32, 2)), 8)}
-    finding, exact = order_rules.observed_overlap(whole, "L", "S", 0, True, True, left="x")
+    finding, exact = order_rules.observed_overlap(whole, "L", "S", 0, -1, True, left="x")
     assert finding is None and not exact  # disjoint, and all covered: still no evidence
-    full, exact = order_rules.observed_overlap(whole, "L", "S", 0, True, True)
+    full, exact = order_rules.observed_overlap(whole, "L", "S", 0, -1, True)
     assert full is None and exact  # the same shares from a finished epoch are
     padded = {0: _partial([0, 2, 4, 6], 2), 1: _partial([6, 1, 3, 5], 2)}
-    finding, _ = order_rules.observed_overlap(padded, "L", "S", 0, True, True, left="x")
+    finding, _ = order_rules.observed_overlap(padded, "L", "S", 0, -1, True, left="x")
     assert finding is None  # one sample shared: a DistributedSampler's padding at world 2
 
 
@@ -228,7 +228,7 @@ def test_an_epoch_left_open_when_the_group_goes_raises_there_on_an_overlap(
         it = iter(DataLoader(Items(), batch_size=4, sampler=DrawEach(torch.Generator())))
         taken = [next(it).tolist() for _ in range(2)]
         [known] = list(guard.registry.observed.values())
-        guard.judge.partitioned.add(known.key)  # an earlier epoch partitioned the data
+        guard.judge.partitioned[known.key] = (0, -1)  # an earlier epoch partitioned the data
         tape = partition.Tape([], N)
         mine = {i for batch in taken for i in batch}
         others = [i for i in range(N) if i not in mine][:4]

@@ -281,9 +281,9 @@ def test_whole_epochs_that_independent_draws_with_replacement_could_give_are_tol
     seen = overlap.measure(small)
     assert seen is not None and seen["shared"] == 2 and max(seen["repeats"].values()) == 0
     assert not harm.by_chance_ruled_out(seen, 2)
-    finding, _ = order_rules.observed_overlap(small, "L", "C", 0, False, True)
+    finding, _ = order_rules.observed_overlap(small, "L", "C", 0, None, True)
     assert finding is None  # with replacement, by design: no evidence of harm
-    finding, _ = order_rules.observed_overlap(small, "L", "C", 1, True, True)
+    finding, _ = order_rules.observed_overlap(small, "L", "C", 1, -1, True)
     assert finding is not None and finding.severity == "error"  # it partitioned before
     # 48 of 64 from each rank's own permutation: sampling with replacement would repeat
     perms = [torch.randperm(64, generator=torch.Generator().manual_seed(r)) for r in range(2)]
@@ -291,8 +291,34 @@ def test_whole_epochs_that_independent_draws_with_replacement_could_give_are_tol
     seen = overlap.measure(whole)
     assert seen is not None and not seen["identical"] and seen["shared"] > 1
     assert harm.by_chance_ruled_out(seen, 2)
-    finding, _ = order_rules.observed_overlap(whole, "L", "C", 0, False, True)
+    finding, _ = order_rules.observed_overlap(whole, "L", "C", 0, None, True)
     assert finding is not None and finding.severity == "error"
     # n! / ((n - k)! n^k) for no repeat at all: 64 distinct of 64 draws is about 1e-26
     log_p = math.lgamma(65) - math.lgamma(1) - 64 * math.log(64)
     assert log_p < math.log(1e-24)
+
+
+def test_an_earlier_exact_epoch_shows_how_much_its_sharder_pads() -> None:
+    """Generated configs w2-s12-13, w3-s11-07: an exact epoch with no sample taken twice, then
+    one rank a step behind: one sample on two ranks is no padding for a sharder that padded
+    none before (over an epoch of as many samples), and is for one that padded one."""
+    from rngaudit.epochs import judging, partition
+
+    def summary(taken: list[int]) -> dict[str, Any]:
+        tape = partition.Tape([], 4)
+        tape.take([taken])
+        return dict(tape.summary(), training=False)
+
+    exact = {0: summary([0, 1]), 1: summary([2, 3])}
+    judge = judging.Judge()
+    judge._partitioned("L", exact)
+    later = {0: summary([0, 1]), 1: summary([1, 3])}
+    assert judge._padded("L", later) == 0
+    finding, exact_now = order_rules.observed_overlap(later, "L", "C", 1, 0, False)
+    assert finding is not None and finding.severity == "error" and not exact_now
+    unknown, _ = order_rules.observed_overlap(later, "L", "C", 1, -1, False)
+    assert unknown is None  # up to world - 1 may be padding
+    padded = {0: summary([0, 1, 2]), 1: summary([3, 0])}  # 5 taken of 4: one pad
+    judge._partitioned("P", padded)
+    assert judge._padded("P", {0: summary([0, 1, 2]), 1: summary([2, 1])}) == 1
+    assert judge._padded("P", later) == -1  # an epoch of another length: unknown

@@ -114,26 +114,26 @@ def _taken(root: int, indices: list[int], **extra: Any) -> dict[str, Any]:
 def test_the_unsharded_rule_needs_evidence_the_loader_was_meant_to_be_sharded() -> None:
     whole = list(range(8))
     same = {0: _taken(8, whole, training=True), 1: _taken(8, whole, training=True)}
-    finding, exact = order_rules.observed_overlap(same, "L", "chain", 0, False, True)
+    finding, exact = order_rules.observed_overlap(same, "L", "chain", 0, None, True)
     assert finding is not None and finding.severity == "error" and not exact
     assert "every rank was handed the same 8 samples of 8" in finding.message
     assert "2-fold duplication" in finding.message
     # no data-parallel module (a tensor-parallel group), or an evaluation under no_grad
-    assert order_rules.observed_overlap(same, "L", "c", 0, False, False) == (None, False)
+    assert order_rules.observed_overlap(same, "L", "c", 0, None, False) == (None, False)
     evaluation = {r: dict(s, training=False) for r, s in same.items()}
-    assert order_rules.observed_overlap(evaluation, "L", "c", 0, False, True) == (None, False)
+    assert order_rules.observed_overlap(evaluation, "L", "c", 0, None, True) == (None, False)
     split = {0: _taken(8, [0, 1, 2, 3]), 1: _taken(8, [4, 5, 6, 7])}
-    assert order_rules.observed_overlap(split, "L", "c", 0, False, False) == (None, True)
+    assert order_rules.observed_overlap(split, "L", "c", 0, None, False) == (None, True)
     thin = {0: _taken(80, [0, 1, 2, 3]), 1: _taken(80, [4, 5, 6, 7])}  # disjoint, not a cover
-    assert order_rules.observed_overlap(thin, "L", "c", 0, False, False) == (None, False)
+    assert order_rules.observed_overlap(thin, "L", "c", 0, None, False) == (None, False)
     shifted = {0: _taken(8, [0, 1, 2, 3]), 1: _taken(8, [2, 3, 4, 5])}
-    finding, _ = order_rules.observed_overlap(shifted, "L", "c", 1, True, False)
+    finding, _ = order_rules.observed_overlap(shifted, "L", "c", 1, -1, False)
     assert finding is not None and finding.severity == "error"
     assert "An earlier epoch of this loader partitioned the data exactly" in finding.message
-    finding, _ = order_rules.observed_overlap(shifted, "L", "c", 1, False, False)
+    finding, _ = order_rules.observed_overlap(shifted, "L", "c", 1, None, False)
     assert finding is not None and finding.severity == "warning"
     repeats = {0: _taken(8, [0, 0, 1, 1, 2]), 1: _taken(8, [1, 2, 2, 3, 3])}
-    assert order_rules.observed_overlap(repeats, "L", "c", 0, True, True) == (None, False)
+    assert order_rules.observed_overlap(repeats, "L", "c", 0, -1, True) == (None, False)
 
 
 def test_root_identity_tells_ranks_own_files_apart() -> None:

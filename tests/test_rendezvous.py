@@ -58,7 +58,7 @@ def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
         "_fired": weakref.WeakSet(),
         "_agreed": set(),
         "_counts": {},
-        "_given_up": set(),
+        "_given_up": weakref.WeakSet(),
         "DECIDED": set(),
         "_following": {},
         "_spent": [],
@@ -168,10 +168,14 @@ def test_a_rank_that_does_not_arrive_is_a_warning_naming_it_and_ends_its_groups_
     _, tape = _started(guard, "train", timeout=0.2)
     _train_step(module)  # rank 1 never publishes: waited for 0.2 s, then a warning
     assert guard.warned == [("train", [1], [0], 0.2)] and guard.judged == []
-    assert rendezvous._given_up == {rendezvous._group_key([0, 1])}
+    assert set(rendezvous._given_up) == {module}
+    rendezvous.sweep()  # (outside a forward: the spent hook removed)
+    rendezvous.noted(module)  # its group's ranks did not all arrive once: no more rendezvous
+    _started(guard, "train", epoch=1)  # nor at a new epoch of a loader
+    assert len(module._forward_pre_hooks) == 0
     other = _module([0, 1])
-    rendezvous.noted(other)  # the group's ranks did not all arrive once: no more rendezvous
-    assert len(other._forward_pre_hooks) == 0
+    rendezvous.noted(other)  # a module built later (a new model, a new stage): its own chance
+    assert len(other._forward_pre_hooks) == 1
     alone = _module([0, 2])
     rendezvous.noted(alone)  # another group still meets
     assert len(alone._forward_pre_hooks) == 1

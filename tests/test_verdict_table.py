@@ -167,7 +167,7 @@ def _index_table(world: int) -> dict[str, Any]:
                     for ahead in (False, True):
                         for left in (None, "rank 0 after 3 of 6 batches"):
                             found, exact = order_rules.observed_overlap(
-                                s, "L", "C", 0, before, dp, ahead, left
+                                s, "L", "C", 0, -1 if before else None, dp, ahead, left
                             )
                             key = (
                                 f"{row}/observed_overlap/before={before}/dp={dp}/"

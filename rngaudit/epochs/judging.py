@@ -20,7 +20,9 @@ class Judge:
     forward: :class:`~rngaudit.epochs.rendezvous.Verdicts`); the same on every rank."""
 
     def __init__(self) -> None:
-        self.partitioned: set[str] = set()  # loaders an epoch of which partitioned the data
+        # loaders an epoch of which partitioned the data -> (the samples it handed beyond the
+        # distinct ones: the sharder's padding, the samples every rank took in all)
+        self.partitioned: dict[str, tuple[int, int]] = {}
 
     def judge_first(self, epoch: unsharded.Epoch, published: dict[int, dict[str, Any]]) -> bool:
         """The verdict on an observed epoch at its first training step, from every rank of the
@@ -39,10 +41,10 @@ class Judge:
             if one_loader(summaries):
                 finding, exact = order_rules.observed_overlap(
                     summaries, epoch.label, epoch.chain, epoch.epoch,
-                    epoch.key in self.partitioned, True, ahead=True,
+                    self._padded(epoch.key, summaries), True, ahead=True,
                 )  # fmt: skip
                 if exact:
-                    self.partitioned.add(epoch.key)
+                    self._partitioned(epoch.key, summaries)
             elif epoch.key in self.partitioned:  # read lazily: its first batches are evidence
                 finding = order_rules.first_batches_overlap(
                     first_batches(published), epoch.label, epoch.chain, epoch.epoch
@@ -58,6 +60,21 @@ class Judge:
             log.warning("rngaudit: the first-step comparison could not compare", exc_info=True)
         epoch.watch.act(found, label)
         return again
+
+    def _partitioned(self, key: str, summaries: dict[int, dict[str, Any]]) -> None:
+        """An epoch of loader ``key`` partitioned the data exactly: kept with its padding."""
+        seen, taken = overlap.measure(summaries), _taken(summaries)
+        if seen is not None and taken >= 0:  # a pad is taken twice: by two ranks or by one
+            self.partitioned[key] = (max(0, taken - int(seen["union"])), taken)
+
+    def _padded(self, key: str, summaries: dict[int, dict[str, Any]]) -> int | None:
+        """None unless an earlier epoch of loader ``key`` partitioned the data exactly; then
+        the padding its sharder hands out, as that epoch showed (a sharder pads by as many
+        samples each epoch of the same length), or -1 when it was of another length."""
+        if key not in self.partitioned:
+            return None
+        padded, taken = self.partitioned[key]
+        return padded if taken == _taken(summaries) else -1
 
     def judge_so_far(
         self,
@@ -138,11 +155,11 @@ class Judge:
             data_parallel, summaries = _within_group(summaries)
             finding, exact = order_rules.observed_overlap(
                 summaries, epoch.label, epoch.chain, epoch.epoch,
-                epoch.key in self.partitioned, data_parallel,
+                self._padded(epoch.key, summaries), data_parallel,
                 left=handed.phrase(summaries) if left else None,
             )  # fmt: skip
             if exact and not left:  # a partial epoch is no evidence that the loader partitions
-                self.partitioned.add(epoch.key)
+                self._partitioned(epoch.key, summaries)
             if finding is not None and unlike:
                 finding = order_rules.content_differs(finding)
             if finding is not None:
@@ -197,6 +214,12 @@ class Judge:
         except Exception:
             log.warning("rngaudit: the keyed partition could not compare", exc_info=True)
         epoch.watch.act(found, label)
+
+
+def _taken(summaries: dict[int, dict[str, Any]]) -> int:
+    """The samples every rank took in all (-1 when some rank's count is unknown)."""
+    counts = [s.get("taken") for s in summaries.values()]
+    return sum(c for c in counts if type(c) is int) if all(type(c) is int for c in counts) else -1
 
 
 def ranks_of(records: Any) -> list[int]:

@@ -594,7 +594,7 @@ def observed_overlap(
     loader: str,
     chain: str,
     epoch: int,
-    partitioned_before: bool,
+    padded_before: int | None,
     data_parallel: bool,
     ahead: bool = False,
     left: str | None = None,
@@ -610,7 +610,9 @@ def observed_overlap(
     ranks' samplers held at their first training step (read ahead), said so in the message.
     ``left``: some rank left the epoch early (how far each rank got, in words): the overlap is
     of what the ranks took until then, never evidence of a partition, and nothing is said of
-    samples no rank took (the epoch did not finish).
+    samples no rank took (the epoch did not finish). ``padded_before``: None unless an earlier
+    epoch partitioned the data exactly; then the padding it showed, where it was as long
+    (-1: unknown, up to ``world - 1``).
     """
     world = len(summaries)
     seen = overlap.measure(summaries)
@@ -618,10 +620,11 @@ def observed_overlap(
         return None, False
     identical = bool(seen.get("identical"))
     taken = verdict.Taken(seen, world, "epoch" if left is None else "left")
-    facts = observed_facts(summaries, partitioned_before, data_parallel, left is None)
+    facts = observed_facts(summaries, padded_before, data_parallel, left is None)
+    partitioned_before = facts.partitioned_before
     decided = verdict.decide(taken, facts)
     if decided is None:  # a partition, by design, or no evidence of harm (with replacement)
-        return None, verdict.partitions(taken)
+        return None, verdict.partitions(taken, facts.sharding.covers)
     severity = decided.severity
     never: int | None = int(seen.get("never_estimate", seen["root_size"] - seen["union"]))
     counts = ", ".join(f"rank {r}: {n}" for r, n in sorted(seen["per_rank"].items()))
@@ -712,22 +715,43 @@ def observed_overlap(
 
 
 def observed_facts(
-    summaries: dict[int, dict[str, Any]], partitioned_before: bool, data_parallel: bool, whole: bool
+    summaries: dict[int, dict[str, Any]],
+    padded_before: int | None,
+    data_parallel: bool,
+    whole: bool,
 ) -> verdict.Facts:
     """What the ranks published of an observed loader's epoch tells the verdict besides the
     samples taken: a sampler that shards itself (every rank's holds its rank and the world),
     datasets of the ranks' own cut from one (:func:`~rngaudit.ranks.overlap.cut_from`; their
-    padding, in a ``whole`` epoch, leaves none out), an earlier exact partition, and a
-    data-parallel module training (every rank's gradients on)."""
+    padding, in a ``whole`` epoch, leaves none out), the samples the loader's dataset holds, an
+    earlier exact partition (and the padding it showed, ``padded_before``), and a data-parallel
+    module training (every rank's gradients on)."""
     cut = overlap.cut_from(summaries)
     training = all(s.get("training") for s in summaries.values())
+    covers = cut if cut is not None else _loader_size(summaries)
     return verdict.Facts(
-        sharding=verdict.Sharding(covers=cut or 0, complete=whole and cut is not None),
+        sharding=verdict.Sharding(
+            pads=-1 if padded_before is None else padded_before,
+            covers=covers,
+            complete=whole and cut is not None,
+        ),
         sharded=all(s.get("shards_self") is True for s in summaries.values()),
         own_data=cut is not None,
-        partitioned_before=partitioned_before,
+        partitioned_before=padded_before is not None,
         data_parallel=data_parallel and training,
     )
+
+
+def _loader_size(summaries: dict[int, dict[str, Any]]) -> int:
+    """The samples the loader's dataset holds (its outermost index mapping's length, the same
+    on every rank: a split of the root), or 0 when unknown (the root's size stands in)."""
+    sizes = set()
+    for s in summaries.values():
+        levels = s.get("levels")
+        if not isinstance(levels, list):
+            return 0
+        sizes.add(int(levels[0][0]) if levels else int(s.get("root_size") or 0))
+    return sizes.pop() if len(sizes) == 1 else 0
 
 
 def content_differs(finding: Finding) -> Finding:

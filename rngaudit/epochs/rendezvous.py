@@ -81,7 +81,9 @@ _hooks: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # mod
 _fired: weakref.WeakSet[Any] = weakref.WeakSet()  # modules that had their first rendezvous
 _agreed: set[str] = set()  # loaders a whole group trained on together
 _counts: dict[str, int] = {}  # group -> rendezvous so far
-_given_up: set[str] = set()  # groups whose ranks did not all arrive once
+# modules whose group's ranks did not all arrive once (a module built later, as a run that
+# builds a new model per stage does, is given its own chance)
+_given_up: weakref.WeakSet[Any] = weakref.WeakSet()
 DECIDED: set[tuple[str, int]] = set()  # (loader key, epoch) judged with a finding here
 
 
@@ -121,7 +123,7 @@ def sweep() -> None:
 def _arm(module: Any) -> None:
     """The one-shot hook on ``module`` (with the lock held); never raises."""
     _sweep()  # a spent hook of the module's last rendezvous goes first: one hook a module
-    if module in _hooks or _group_key(data_parallel.group_of(module)) in _given_up:
+    if module in _hooks or module in _given_up:
         return
     entry = _following.get(id(module))
     if entry is not None and entry[0]() is module:
@@ -198,6 +200,7 @@ def _hook(module: Any, args: Any) -> None:
 def _rendezvous(module: Any) -> None:
     ranks = data_parallel.group_of(module)
     key = _group_key(ranks)
+    armed = [module]
     with _lock:
         for other in list(_hooks.keys()):  # one rendezvous per group and arming
             if _group_key(data_parallel.group_of(other)) == key:
@@ -205,6 +208,7 @@ def _rendezvous(module: Any) -> None:
                 if handle is not None:  # (None: the counting hook's, kept)
                     _spent.append((weakref.ref(other), handle))  # removed later
                 _fired.add(other)
+                armed.append(other)
         _fired.add(module)
         n = _counts.get(key, 0)
         _counts[key] = n + 1
@@ -228,7 +232,9 @@ def _rendezvous(module: Any) -> None:
         arrived = [r for r in ranks if r not in missing]
         if missing:
             with _lock:
-                _given_up.add(key)
+                for given in armed:
+                    with contextlib.suppress(TypeError):
+                        _given_up.add(given)
         else:
             payloads = protocol.get_all(store, keys)
             protocol.read_by_all(store, base, keys, len(ranks))
