@@ -28,7 +28,7 @@ UNKNOWN = Sharding()
 ALLOWANCES: tuple[tuple[str, str], ...] = (
     (
         "DistributedSampler padding",
-        "up to world - 1 samples taken by more than one rank (a DistributedSampler: at most "
+        "up to world - 1 samples each taken by two ranks (a DistributedSampler: at most "
         "the samples it pads with, total_size - len(dataset)); where the ranks read datasets of "
         "their own cut from one (a per-rank Subset), only with none of its samples left out "
         "(padding completes a round: it never drops one)",
@@ -120,7 +120,7 @@ def allowed_as(seen: Mapping[str, Any], world: int, sharding: Sharding = UNKNOWN
     if shared == 0:
         return "nothing shared"
     padding = world - 1 if sharding.pads < 0 else min(sharding.pads, world - 1)
-    if shared <= padding and not _left_out(seen, sharding):
+    if shared <= padding and _once_each(seen) and not _left_out(seen, sharding):
         return "DistributedSampler padding"
     if max(seen["repeats"].values()) > world - 1:
         return "independent draws with replacement"
@@ -132,6 +132,14 @@ def allowed_as(seen: Mapping[str, Any], world: int, sharding: Sharding = UNKNOWN
     ):
         return "accelerate even_batches"
     return None
+
+
+def _once_each(seen: Mapping[str, Any]) -> bool:
+    """Whether every sample padding re-hands went to one more rank only: a sharder pads with
+    up to ``world - 1`` copies of distinct samples (a sample on three ranks is no padding,
+    unless the data holds fewer samples than the ranks). Unknown (a sketch) counts as so."""
+    most = seen.get("most")
+    return not isinstance(most, int) or most <= 2 or int(seen["root_size"]) < most
 
 
 def _left_out(seen: Mapping[str, Any], sharding: Sharding) -> bool:

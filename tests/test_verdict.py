@@ -171,3 +171,14 @@ def test_a_sampler_that_shards_itself_is_there_to_split_the_data() -> None:
     decided = verdict.decide(_taken(3, 20), verdict.Facts(sharded=True))
     assert decided is not None and decided.severity == "error"
     assert verdict.decide(_taken(3, 20, "prefix"), verdict.Facts(sharded=True)) is None
+
+
+def test_padding_re_hands_a_sample_to_one_more_rank_only() -> None:
+    # generated config w3-s13-15: 17 samples at world 3, each rank keeping 4; one sample on
+    # all three ranks is no padding (a pad is one more copy of a distinct sample)
+    on_three = {"root_size": 17, "shared": 1, "union": 10, "most": 3,
+                "per_rank": {0: 4, 1: 4, 2: 4}, "repeats": {0: 0, 1: 0, 2: 0}}  # fmt: skip
+    assert verdict.allowed_as(on_three, 3) is None
+    assert verdict.allowed_as({**on_three, "most": 2}, 3) == "DistributedSampler padding"
+    tiny = {**on_three, "root_size": 2, "union": 2}  # fewer samples than ranks: pads wrap
+    assert verdict.allowed_as(tiny, 3) == "DistributedSampler padding"

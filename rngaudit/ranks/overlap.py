@@ -31,6 +31,7 @@ def measure(summaries: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
     return {
         "root_size": size,
         "shared": int((total > 1).sum()),  # taken by more than one rank
+        "most": int(total.max()) if size else 0,  # the most ranks that took one sample
         "union": int((total > 0).sum()),
         "per_rank": {r: int(s["distinct"]) for r, s in summaries.items()},
         "repeats": repeats,  # within one rank: sampling with replacement (or padding)
