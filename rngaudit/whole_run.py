@@ -262,8 +262,8 @@ class WholeRun:
             if loader in self._sequential:
                 return True
             self._sequential.add(loader)
-        except TypeError:  # a loader no weak reference can hold: its first epoch is recorded
-            return False
+        except TypeError:  # a loader no weak reference can hold: each epoch taken as its first
+            pass
         return False
 
     def _before_raise(self, label: str) -> None:

@@ -91,7 +91,7 @@ class EpochExchange:
             if folded is None:
                 return
             groups = data_parallel.data_parallel_groups(scan=False)
-            summary = dict(folded, **context.loader.described(tape.maps),
+            summary = dict(folded, **context.loader.described(tape),
                            training=context.training, data_parallel=groups)  # fmt: skip
             summary.update(rendezvous.fields(tape))
             self.left.append((context.epoch, summary))

@@ -278,7 +278,7 @@ class IndexBatches:
                 size = len(batch) if isinstance(batch, list) else 1
                 whole = partition.Tape(tape.maps, tape.root_size)
                 whole.take_indices(indices, -(-len(indices) // max(1, size)))
-                summary = dict(whole.summary(), **known.described(tape.maps), training=training)
+                summary = dict(whole.summary(), **known.described(tape), training=training)
             record = {
                 "key": epoch.key,
                 "epoch": epoch.epoch,
@@ -301,7 +301,7 @@ class IndexBatches:
             known.scanned = True
             summary = dict(
                 tape.summary(),
-                **known.described(tape.maps),
+                **known.described(tape),
                 training=training,
                 data_parallel=groups,
             )

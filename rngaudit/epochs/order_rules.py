@@ -183,7 +183,7 @@ def _sampler_draws_differ(records: list[EpochRecord]) -> bool:
     )
 
 
-def only_draws_differ(found: list[Finding]) -> bool:
+def shares_decide(found: list[Finding]) -> bool:
     """An order or dataset finding whose cause (a sampler's state or draws, a mapping, an
     order before sharding) explains it: the shares the ranks are about to be handed, where
     they can be read, decide the verdict."""

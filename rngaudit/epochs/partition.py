@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import struct
 import sys
 import weakref
@@ -274,6 +275,12 @@ class Tape:
         self.closed = False
         self.teed = False  # its batches come in segments (take), not one by one (add)
         self.left: Any = None  # an observed epoch's early.Left: read if the rank leaves it early
+
+    @functools.cached_property
+    def levels(self) -> list[list[Any]]:
+        """Its index mapping's levels (:func:`levels`), computed once for the epoch (its first
+        training step and its end both publish them)."""
+        return levels(self.maps)
 
     def abandon(self) -> None:
         """Observe no more, compare nothing: another check already decided this epoch."""

@@ -67,13 +67,13 @@ class ObservedLoader:
     open: Any = None  # weakref.ref to the tape of its latest epoch on this rank
     shards: bool = False  # a sampler of its chain holds this rank and the world: it shards
 
-    def described(self, maps: list[Any]) -> dict[str, Any]:
+    def described(self, tape: partition.Tape) -> dict[str, Any]:
         """What the ranks compare of an epoch of it besides the samples taken: its root's
-        identity, the levels of its index mapping ``maps`` (datasets of the ranks' own) and
+        identity, the levels of ``tape``'s index mapping (datasets of the ranks' own) and
         whether a sampler of its chain shards it."""
         return {
             "identity": self.identity,
-            "levels": partition.levels(maps),
+            "levels": tape.levels,
             "shards_self": self.shards,
         }
 

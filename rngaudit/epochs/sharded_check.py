@@ -167,7 +167,7 @@ class ShardedCheck:
             log.warning("rngaudit: the order check could not compare", exc_info=True)
             return []
         found += peers.check_first(exchanged[0], record["loader"], record["chain"])
-        if order_rules.only_draws_differ(found):
+        if order_rules.shares_decide(found):
             found = self._measure_planned(found, record, watch, state, planned, allowed)
         repeat = order_rules.repeated(record, state.previous)
         if repeat is not None:
@@ -319,7 +319,7 @@ def planned_summary(planned: Any) -> dict[str, Any] | None:
         epoch = partition.Tape(tape.maps, tape.root_size)
         epoch.take_indices(values, 1)
         summary = epoch.summary()
-        return dict(summary, levels=partition.levels(tape.maps)) if summary.get("known") else None
+        return dict(summary, levels=tape.levels) if summary.get("known") else None
     except Exception:
         log.debug("rngaudit: could not read the epoch the sampler returned", exc_info=True)
         return None
