@@ -262,8 +262,8 @@ class WholeRun:
             if loader in self._sequential:
                 return True
             self._sequential.add(loader)
-        except TypeError:  # a loader no weak reference can hold: each epoch taken as its first
-            pass
+        except Exception:  # no weak reference, or a __hash__ / __eq__ of its own that raises:
+            pass  # each of its epochs is taken for its first (never an error of the auditor's)
         return False
 
     def _before_raise(self, label: str) -> None:

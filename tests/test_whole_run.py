@@ -145,6 +145,14 @@ def test_a_sequential_loader_built_where_a_dropped_one_was_is_in_its_first_epoch
         del loader, sampler
         gc.collect()
 
+    class Unhashable(D.DataLoader[Any]):
+        def __hash__(self) -> int:
+            raise RuntimeError("a user's own __hash__")
+
+    sampler = D.DistributedSampler(ds, num_replicas=2, rank=0, shuffle=False)
+    odd = Unhashable(ds, sampler=sampler)
+    assert not run._ends_window(odd) and not run._ends_window(odd)  # unknown, never a raise
+
 
 def test_a_checkpoint_before_the_announced_group_is_said_at_exit(
     run: WholeRun, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
